@@ -1,0 +1,19 @@
+"""bhyt_pl: BHyT (Bounded Hyperbolic Tanh) and its normalization baselines for Llama, on Lightning."""
+
+from bhyt_pl.config import PRESETS, LlamaConfig
+from bhyt_pl.model import KVCache, Llama
+from bhyt_pl.norms import NormScheme, build_norm_scheme, register_norm, registered_norms
+from bhyt_pl.optim import parameter_groups
+
+__all__ = [
+    "PRESETS",
+    "KVCache",
+    "Llama",
+    "LlamaConfig",
+    "NormScheme",
+    "build_norm_scheme",
+    "parameter_groups",
+    "register_norm",
+    "registered_norms",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,125 @@
+"""``LlamaConfig``: one dataclass that fully describes a model, and the named presets (spec section 5)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["LlamaConfig", "PRESETS"]
+
+
+@dataclass
+class LlamaConfig:
+    """A Llama-3.2-style decoder: RoPE, SwiGLU, grouped-query attention, no biases.
+
+    Plain data (names and numbers): a checkpoint stores ``dataclasses.asdict(config)`` and the
+    model is rebuilt from it; the norm scheme is resolved from the registry at build time.
+    """
+
+    name: str = "custom"
+    """Preset name this config came from (informational)."""
+
+    # --- sizes ---
+    vocab_size: int = 8192
+    """Rows of the embedding table; at least the tokenizer's vocabulary."""
+    dim: int = 128
+    """Hidden size ``d`` of the residual stream."""
+    n_layers: int = 4
+    """Number of transformer blocks ``L``."""
+    n_heads: int = 4
+    """Query heads."""
+    n_kv_heads: int = 2
+    """Key/value heads (grouped-query attention); must divide ``n_heads``."""
+    head_dim: int | None = None
+    """Per-head width; ``dim // n_heads`` when None."""
+    mlp_dim: int = 512
+    """SwiGLU inner width."""
+    max_seq_len: int = 1024
+    """Longest sequence the model accepts (training windows, KV cache, evaluation)."""
+
+    # --- details ---
+    rope_theta: float = 500000.0
+    """RoPE base frequency (Llama-3.2: 500000)."""
+    tie_embeddings: bool = True
+    """Share the embedding matrix with the output projection."""
+    init_std: float = 0.02
+    """Standard deviation of the N(0, std) init of every linear and embedding weight."""
+
+    # --- normalization ---
+    norm: str = "rmsnorm"
+    """Registered norm scheme (``bhyt_pl.norms.registered_norms()``)."""
+    norm_args: dict[str, Any] = field(default_factory=dict)
+    """Constructor arguments of the norm scheme, e.g. ``{"lambda_attn": 1.0}``."""
+
+    def __post_init__(self) -> None:
+        if self.head_dim is None:
+            self.head_dim = self.dim // self.n_heads if self.n_heads > 0 else 0
+        problems = []
+        for f in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_dim", "max_seq_len"):
+            value = getattr(self, f)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                problems.append(f"{f} must be a positive int, got {value!r}")
+        if not problems and self.n_heads % self.n_kv_heads:
+            problems.append(f"n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads})")
+        if not problems and self.head_dim % 2:
+            problems.append(f"head_dim must be even for RoPE, got {self.head_dim}")
+        if not self.rope_theta > 0:
+            problems.append(f"rope_theta must be > 0, got {self.rope_theta}")
+        if not self.init_std > 0:
+            problems.append(f"init_std must be > 0, got {self.init_std}")
+        if not isinstance(self.norm_args, dict):
+            problems.append(f"norm_args must be a mapping of constructor arguments, got {type(self.norm_args).__name__}")
+        if problems:
+            raise ValueError("invalid LlamaConfig:\n  - " + "\n  - ".join(problems))
+        self.norm_scheme()  # unknown names and bad norm arguments fail here, before any work
+
+    def norm_scheme(self):  # -> NormScheme (import cycle otherwise)
+        """The norm scheme this config names, built from the registry."""
+        from bhyt_pl.norms import build_norm_scheme
+
+        return build_norm_scheme(self.norm, **self.norm_args)
+
+    @classmethod
+    def from_name(cls, name: str, **overrides: Any) -> LlamaConfig:
+        """A preset by name, with any field overridden.
+
+        Example:
+            >>> LlamaConfig.from_name("tiny", n_layers=2, norm="bhyt").n_layers
+            2
+        """
+        if name not in PRESETS:
+            raise ValueError(f"unknown model preset {name!r}; presets: {', '.join(PRESETS)}")
+        unknown = set(overrides) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(
+                f"unknown LlamaConfig field(s) {sorted(unknown)}; fields: {', '.join(f.name for f in dataclasses.fields(cls))}"
+            )
+        return cls(**{**PRESETS[name], "name": name, **overrides})
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def estimated_parameters(self) -> int:
+        """Analytic parameter count without norm parameters (embeddings counted once when tied)."""
+        hd = self.head_dim
+        attn = self.dim * hd * (2 * self.n_heads + 2 * self.n_kv_heads)
+        mlp = 3 * self.dim * self.mlp_dim
+        emb = self.vocab_size * self.dim * (1 if self.tie_embeddings else 2)
+        return self.n_layers * (attn + mlp) + emb
+
+
+_LLAMA32 = {"vocab_size": 128256, "rope_theta": 500000.0, "tie_embeddings": True, "max_seq_len": 2048}
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # paper models (spec section 5)
+    "llama-374m": {**_LLAMA32, "dim": 1024, "n_layers": 16, "n_heads": 16, "n_kv_heads": 4, "head_dim": 64, "mlp_dim": 4096},
+    "llama-1b": {**_LLAMA32, "dim": 2048, "n_layers": 16, "n_heads": 32, "n_kv_heads": 8, "head_dim": 64, "mlp_dim": 8192},
+    "llama-3b": {**_LLAMA32, "dim": 3072, "n_layers": 28, "n_heads": 24, "n_kv_heads": 8, "head_dim": 128, "mlp_dim": 8192},
+    # CPU presets for the embedded 8k-vocabulary tokenizer
+    "tiny": {"vocab_size": 8192, "dim": 128, "n_layers": 4, "n_heads": 4, "n_kv_heads": 2, "mlp_dim": 384, "max_seq_len": 512},
+    "small": {"vocab_size": 8192, "dim": 256, "n_layers": 8, "n_heads": 8, "n_kv_heads": 4, "mlp_dim": 768, "max_seq_len": 1024},
+    # deep and narrow, for depth studies
+    "deep-24x128": {"vocab_size": 8192, "dim": 128, "n_layers": 24, "n_heads": 4, "n_kv_heads": 2, "mlp_dim": 384, "max_seq_len": 512},
+    "deep-32x128": {"vocab_size": 8192, "dim": 128, "n_layers": 32, "n_heads": 4, "n_kv_heads": 2, "mlp_dim": 384, "max_seq_len": 512},
+}

@@ -1,0 +1,291 @@
+"""BHyT, Bounded Hyperbolic Tanh (arXiv 2601.09719), and BHyT* with exact statistics.
+
+Spec sections 2-3. One site computes ``gamma * tanh(lambda * x / D(x))`` where the bound is
+``D = kappa * sqrt(m + eps)`` (``stat="rms"``, the released code) or
+``D = kappa * sqrt(var + eps) + |mu|`` (``stat="meanstd"``, the paper's ideal form). By Chebyshev
+at least a fraction ``p`` of the coordinates satisfy ``|x_i| <= D``, so the tanh argument stays in
+``[-lambda, lambda]``.
+
+``bhyt`` makes exactly one reduction per block: site B does not reduce over ``h = x + Attn(u)``
+but uses the statistic of ``x`` plus the variance the attention adds,
+``c * stopgrad(lambda_A)^2 / kappa^2`` with ``c = ||W_V W_O||_F^2 / (T d)`` cached per layer.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from bhyt_pl.norms.base import BlockNorms, NormScheme, register_norm
+from bhyt_pl.norms.rmsnorm import RMSNorm
+
+__all__ = [
+    "BHyT",
+    "BHyTBlockNorms",
+    "BHyTExactScheme",
+    "BHyTScheme",
+    "SiteStats",
+    "satisfies_variance_bound",
+    "vo_constant",
+]
+
+STATS = ("rms", "meanstd")
+
+
+class SiteStats(NamedTuple):
+    """Per-token statistics of a site input, float32, shape [..., 1].
+
+    ``spread`` is the uncentered second moment ``m`` for ``stat="rms"`` and the variance for
+    ``stat="meanstd"``; ``mean`` is None for ``rms``. The site-B correction adds to ``spread``.
+    """
+
+    mean: torch.Tensor | None
+    spread: torch.Tensor
+
+
+def satisfies_variance_bound(lam: float, kappa: float, n_layers: int) -> bool:
+    """The paper's condition ``lambda / kappa < 1 / sqrt(L)`` under which BHyT's per-layer output
+    variance bound is below LayerNorm Scaling's."""
+    return lam / kappa < 1.0 / math.sqrt(n_layers)
+
+
+def vo_constant(w_v: torch.Tensor, w_o: torch.Tensor, n_head: int, n_kv_head: int, seq_len: int) -> torch.Tensor:
+    """``c = ||W_V W_O||_F^2 / (T d)`` with the GQA expansion (spec section 3).
+
+    Args:
+        w_v: value projection weight, ``nn.Linear`` layout [n_kv_head * head_dim, d].
+        w_o: output projection weight, [d, n_head * head_dim].
+        n_head, n_kv_head: query and key/value heads; each KV head's rows repeat over its group.
+        seq_len: ``T``, the training sequence length.
+
+    Returns:
+        A float32 scalar tensor.
+    """
+    d = w_v.shape[1]
+    head_dim = w_v.shape[0] // n_kv_head
+    wv = w_v.float().view(n_kv_head, head_dim, d)  # [kv, hd, d]
+    wv = wv.repeat_interleave(n_head // n_kv_head, dim=0).reshape(n_head * head_dim, d)  # [H*hd, d], as attention
+    product = w_o.float() @ wv  # [d, d]: the linear map x -> o_proj(v_proj(x)) per attended token
+    return product.pow(2).sum() / (seq_len * d)
+
+
+class BHyT(nn.Module):
+    """One BHyT site: ``gamma * tanh(lambda * x / D)``.
+
+    Args:
+        dim: hidden size ``d``.
+        lambda_init: initial ``lambda`` (bound of the tanh argument).
+        kappa: Chebyshev width ``1/sqrt(1-p)``.
+        eps: added to the second moment (or variance) inside the square root.
+        learnable_lambda: a parameter if True, else a fixed buffer that never trains.
+        stat: ``rms`` or ``meanstd`` (see module docstring).
+    """
+
+    def __init__(
+        self, dim: int, lambda_init: float, kappa: float, eps: float, learnable_lambda: bool = True, stat: str = "rms"
+    ) -> None:
+        super().__init__()
+        if stat not in STATS:
+            raise ValueError(f"stat must be one of {', '.join(STATS)}; got {stat!r}")
+        self.dim, self.lambda_init, self.kappa, self.eps, self.stat = dim, lambda_init, kappa, eps, stat
+        self.weight = nn.Parameter(torch.empty(dim))
+        if learnable_lambda:
+            self.lambda_ = nn.Parameter(torch.empty(()))
+        else:  # a buffer, so "fixed" really is fixed (a Parameter would reset requires_grad)
+            self.register_buffer("lambda_", torch.empty(()))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.ones_(self.weight)
+        with torch.no_grad():
+            self.lambda_.fill_(self.lambda_init)
+
+    def statistics(self, x: torch.Tensor) -> SiteStats:
+        """Exact per-token statistics of ``x`` over the hidden dim, at least float32."""
+        xf = x.to(torch.promote_types(x.dtype, torch.float32))
+        if self.stat == "rms":
+            return SiteStats(None, xf.pow(2).mean(dim=-1, keepdim=True))
+        var, mean = torch.var_mean(xf, dim=-1, keepdim=True, correction=0)
+        return SiteStats(mean, var)
+
+    def inverse_bound(self, stats: SiteStats) -> torch.Tensor:
+        """``1 / D``: ``rsqrt(m + eps) / kappa`` or ``1 / (kappa * sqrt(var + eps) + |mu|)``."""
+        if stats.mean is None:
+            return torch.rsqrt(stats.spread + self.eps) / self.kappa
+        return 1.0 / (self.kappa * torch.sqrt(stats.spread + self.eps) + stats.mean.abs())
+
+    def preactivation(self, x: torch.Tensor, stats: SiteStats | None = None) -> torch.Tensor:
+        """The tanh argument ``lambda * x / D`` in float32; exact statistics when ``stats`` is None."""
+        if stats is None:
+            stats = self.statistics(x)
+        xf = x.to(torch.promote_types(x.dtype, torch.float32))
+        return (self.lambda_ * self.inverse_bound(stats)) * xf
+
+    def forward(self, x: torch.Tensor, stats: SiteStats | None = None) -> torch.Tensor:
+        return (self.weight * torch.tanh(self.preactivation(x, stats))).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        learn = isinstance(self.lambda_, nn.Parameter)
+        return f"{self.dim}, lambda_init={self.lambda_init}, kappa={self.kappa:.4g}, stat={self.stat}, learnable={learn}"
+
+
+class BHyTBlockNorms(BlockNorms):
+    """BHyT's two sites of one block; site B reuses site A's statistic when ``approximate``.
+
+    ``c`` is a non-persistent buffer: it is never saved or loaded, only recomputed from the
+    current weights by ``refresh_constants`` (after init, after every load, during training).
+    """
+
+    def __init__(self, attn_in: BHyT, mlp_in: BHyT, approximate: bool, seq_len: int) -> None:
+        super().__init__(attn_in=attn_in, mlp_in=mlp_in)
+        self.approximate, self.seq_len = approximate, seq_len
+        self.register_buffer("c", torch.zeros((), dtype=torch.float32), persistent=False)
+
+    def pre_attn(self, x: torch.Tensor) -> tuple[torch.Tensor, SiteStats]:
+        stats = self.attn_in.statistics(x)  # the block's one reduction (site A)
+        return self.attn_in(x, stats), stats
+
+    def approximate_stats(self, stats: SiteStats) -> SiteStats:
+        """Site B's statistic of ``h = x + Attn(u)`` from site A's: ``m + c * sg(lambda_A)^2 / kappa^2``."""
+        kappa = self.attn_in.kappa
+        correction = self.c * self.attn_in.lambda_.detach() ** 2 / kappa**2  # no grad to lambda_A or to W_V, W_O
+        return SiteStats(stats.mean, stats.spread + correction)
+
+    def pre_mlp(self, h: torch.Tensor, ctx: SiteStats) -> torch.Tensor:
+        if not self.approximate:  # BHyT*: a second, exact reduction over h
+            return self.mlp_in(h)
+        return self.mlp_in(h, self.approximate_stats(ctx))  # site B: no reduction over h (spec section 3)
+
+    @torch.no_grad()
+    def refresh_constants(self, attn: nn.Module) -> None:
+        if not self.approximate:
+            return
+        w_v, w_o = _full(attn.v_proj.weight), _full(attn.o_proj.weight)
+        self.c.copy_(vo_constant(w_v, w_o, attn.n_head, attn.n_kv_head, self.seq_len))
+
+
+def _full(w: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of a possibly sharded (FSDP2 DTensor) parameter; every rank gets the same."""
+    full_tensor = getattr(w, "full_tensor", None)
+    return full_tensor() if callable(full_tensor) else w
+
+
+class _BHyTSchemeBase(NormScheme):
+    approximate: bool
+
+    def __init__(
+        self,
+        lambda_attn: float = 2.0,
+        lambda_mlp: float = 1.0,
+        lambda_final: float = 0.0,
+        learnable_lambda: bool = True,
+        p: float = 0.99,
+        kappa: float | None = None,
+        stat: str = "rms",
+        eps: float = 1e-6,
+        final_eps: float = 1e-5,
+    ) -> None:
+        self.lambda_attn, self.lambda_mlp, self.lambda_final = lambda_attn, lambda_mlp, lambda_final
+        self.learnable_lambda, self.p, self.kappa, self.stat = learnable_lambda, p, kappa, stat
+        self.eps, self.final_eps = eps, final_eps
+        problems = []
+        for n, v in (("lambda_attn", lambda_attn), ("lambda_mlp", lambda_mlp)):
+            if not v > 0:
+                problems.append(f"{n} must be > 0, got {v}")
+        if not lambda_final >= 0:
+            problems.append(f"lambda_final must be >= 0 (0 selects an RMSNorm final norm), got {lambda_final}")
+        if kappa is None and not 0 < p < 1:
+            problems.append(f"p must be in (0, 1) (kappa = 1/sqrt(1-p)), got {p}")
+        if kappa is not None and not kappa > 0:
+            problems.append(f"kappa must be > 0 (or None to derive it from p), got {kappa}")
+        if stat not in STATS:
+            problems.append(f"stat must be one of {', '.join(STATS)}; got {stat!r}")
+        if not eps > 0:
+            problems.append(f"eps must be > 0, got {eps}")
+        if not final_eps > 0:
+            problems.append(f"final_eps must be > 0, got {final_eps}")
+        self._raise_if(problems)
+
+    @property
+    def kappa_value(self) -> float:
+        """``kappa``, or ``1/sqrt(1-p)`` when not given (p = 0.99 gives 10)."""
+        return float(self.kappa) if self.kappa is not None else 1.0 / math.sqrt(1.0 - self.p)
+
+    def _site(self, dim: int, lambda_init: float) -> BHyT:
+        return BHyT(dim, lambda_init, self.kappa_value, self.eps, self.learnable_lambda, self.stat)
+
+    def _seq_len(self) -> int:
+        return 1  # unused by the exact scheme
+
+    def block_norms(self, dim: int, layer_idx: int, n_layers: int) -> BlockNorms:
+        return BHyTBlockNorms(
+            self._site(dim, self.lambda_attn), self._site(dim, self.lambda_mlp), self.approximate, self._seq_len()
+        )
+
+    def final_norm(self, dim: int, n_layers: int) -> nn.Module:
+        if self.lambda_final == 0:  # the released pretraining default
+            return RMSNorm(dim, self.final_eps)
+        return self._site(dim, self.lambda_final)  # exact statistics
+
+    def variance_bound_report(self, n_layers: int) -> dict[str, bool]:
+        """Whether each site's initial lambda satisfies ``lambda/kappa < 1/sqrt(L)``."""
+        report = {
+            "lambda_attn": satisfies_variance_bound(self.lambda_attn, self.kappa_value, n_layers),
+            "lambda_mlp": satisfies_variance_bound(self.lambda_mlp, self.kappa_value, n_layers),
+        }
+        report["all"] = all(report.values())
+        return report
+
+
+@register_norm("bhyt")
+class BHyTScheme(_BHyTSchemeBase):
+    """BHyT with one reduction per block (spec section 3).
+
+    Args:
+        lambda_attn: initial lambda of site A (before attention). Released default 2; the paper's text uses 1.
+        lambda_mlp: initial lambda of site B (before the MLP). Default 1.
+        lambda_final: 0 for an RMSNorm final norm (released default), else the initial lambda of an exact BHyT final norm.
+        learnable_lambda: train the lambdas (True) or keep them fixed.
+        p: Chebyshev coverage; ``kappa = 1/sqrt(1-p)``.
+        kappa: set kappa directly instead of through ``p``.
+        stat: ``rms`` (released code) or ``meanstd`` (paper: ``kappa*s + |mu|``).
+        eps: epsilon inside the square root of the statistic.
+        final_eps: epsilon of the RMSNorm final norm when ``lambda_final = 0``.
+        seq_len: ``T`` in ``c = ||W_V W_O||_F^2 / (T d)``: the training sequence length.
+    """
+
+    approximate = True
+
+    def __init__(
+        self,
+        lambda_attn: float = 2.0,
+        lambda_mlp: float = 1.0,
+        lambda_final: float = 0.0,
+        learnable_lambda: bool = True,
+        p: float = 0.99,
+        kappa: float | None = None,
+        stat: str = "rms",
+        eps: float = 1e-6,
+        final_eps: float = 1e-5,
+        seq_len: int = 1024,
+    ) -> None:
+        self.seq_len = seq_len
+        if not (isinstance(seq_len, int) and seq_len > 0):
+            raise ValueError(f"invalid 'bhyt' norm configuration: seq_len must be a positive int, got {seq_len!r}")
+        super().__init__(lambda_attn, lambda_mlp, lambda_final, learnable_lambda, p, kappa, stat, eps, final_eps)
+
+    def _seq_len(self) -> int:
+        return self.seq_len
+
+
+@register_norm("bhyt_exact")
+class BHyTExactScheme(_BHyTSchemeBase):
+    """BHyT* : exact statistics at both sites (a second reduction over ``h``), no cached constant.
+
+    Takes the same arguments as ``bhyt`` except ``seq_len``.
+    """
+
+    approximate = False
