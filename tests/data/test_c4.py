@@ -1,0 +1,194 @@
+from __future__ import annotations
+
+import logging
+import re
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+from torch.utils.data import DataLoader
+
+from bhyt_pl.data import C4DataModule, PackedWindows, ResumableLoader, load_tokenizer, read_documents
+from tests.data.conftest import c4_row, word_docs, write_shard
+
+BOS, EOS = 0, 1  # the embedded tokenizer's ids, checked in test_tokenizer.py
+
+
+def reference_windows(docs: list[str], seq_len: int) -> list[list[int]]:
+    """Packing written out plainly: [BOS] doc [EOS] ... cut into consecutive seq_len + 1 windows."""
+    tok = load_tokenizer("embedded")
+    stream = []
+    for doc in docs:
+        stream += [BOS] + tok.encode(doc, add_special_tokens=False).ids + [EOS]
+    size = seq_len + 1
+    return [stream[i : i + size] for i in range(0, len(stream) - size + 1, size)]
+
+
+def shard_files(c4_dir: Path) -> list[str]:
+    return sorted(str(p) for p in c4_dir.glob("en/c4-train.*"))
+
+
+def test_batches_are_shifted_packed_windows(c4_dir: Path):
+    dm = C4DataModule(data_files=str(c4_dir), tokenizer="embedded", seq_len=16, batch_size=3, shuffle_buffer=0)
+    dm.setup("fit")
+    assert [Path(f).name for f in dm.files["train"]] == [Path(f).name for f in shard_files(c4_dir)]
+    assert len(dm.files["validation"]) == 1
+    loader = dm.train_dataloader()
+    batches = list(loader)
+    expected = reference_windows([d for i in range(4) for d in word_docs(i, 12)], 16)
+    got = [row for b in batches for row in torch.cat([b["input_ids"][:, :1], b["labels"]], 1).tolist()]
+    assert got == expected[: len(got)] and len(expected) - len(got) < 3  # drop_last: under one batch lost
+    assert all(b["input_ids"].shape == (3, 16) and b["input_ids"].dtype == torch.long for b in batches)
+    assert torch.equal(batches[0]["input_ids"][:, 1:], batches[0]["labels"][:, :-1])
+    assert set(batches[0]) == {"input_ids", "labels"}
+    val = list(dm.val_dataloader())
+    assert torch.cat([torch.cat([b["input_ids"][:, :1], b["labels"]], 1) for b in val]).tolist() == reference_windows(
+        word_docs(9, 6), 16
+    )
+
+
+def test_two_ranks_two_workers_are_disjoint_and_complete(c4_dir: Path):
+    files = shard_files(c4_dir)
+    seen_shards = []
+    for rank in range(2):
+        ds = PackedWindows(files, "embedded", seq_len=8, rank=rank, world_size=2, shuffle_buffer=0)
+        items = list(DataLoader(ds, batch_size=None, num_workers=2))
+        tok = load_tokenizer("embedded")
+        for stream in range(2):
+            windows = [w.tolist() for s, _, w in items if s == stream]
+            shards = {s for w in windows for s in re.findall(r"\bs(\d)d\d+w\d", tok.decode(w))}
+            assert len(shards) == 1, f"rank {rank} stream {stream} read shards {shards}: one file each expected"
+            (shard,) = shards
+            assert windows == reference_windows(word_docs(int(shard), 12), 8)
+            seen_shards.append(int(shard))
+    assert sorted(seen_shards) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_resume_from_state_dict_gives_the_uninterrupted_next_batches(c4_dir: Path, num_workers: int):
+    def loader() -> ResumableLoader:
+        ds = PackedWindows(shard_files(c4_dir), "embedded", seq_len=8, shuffle_buffer=8, seed=3)
+        return ResumableLoader(ds, batch_size=2, num_workers=num_workers, lookahead=0)
+
+    for k in (3, 4):  # with two workers: resume on either worker's turn
+        first = loader()
+        it = iter(first)
+        [next(it) for _ in range(k)]
+        state = first.state_dict()
+        uninterrupted = [next(it) for _ in range(3)]
+        del it
+        resumed = loader()
+        resumed.load_state_dict(state)
+        it = iter(resumed)
+        for expected in uninterrupted:
+            got = next(it)
+            assert torch.equal(got["input_ids"], expected["input_ids"]) and torch.equal(
+                got["labels"], expected["labels"]
+            )
+        del it
+
+
+def test_shuffle_changes_order_but_not_content_and_follows_the_epoch(c4_dir: Path):
+    def windows(buffer: int, epoch: int = 0) -> list[list[int]]:
+        ds = PackedWindows(shard_files(c4_dir), "embedded", seq_len=8, shuffle_buffer=buffer, seed=1)
+        ds.epoch = epoch
+        return [w.tolist() for _, _, w in ds]
+
+    plain, shuffled, again, other_epoch = windows(0), windows(8), windows(8), windows(8, epoch=1)
+    assert shuffled == again and shuffled != plain and other_epoch != shuffled
+    tokens = Counter(t for w in plain for t in w)
+    assert abs(sum(tokens.values()) - sum(t for w in shuffled for t in [len(w)])) < 4 * 9  # same corpus, tails aside
+
+
+def test_resume_mismatched_workers_is_refused(c4_dir: Path):
+    ds = PackedWindows(shard_files(c4_dir), "embedded", seq_len=8)
+    state = ResumableLoader(ds, batch_size=2, num_workers=2).state_dict()
+    with pytest.raises(ValueError, match="resume with the same --data.num_workers"):
+        ResumableLoader(ds, batch_size=2, num_workers=0).load_state_dict(state)
+
+
+class _Recorder(LightningModule):
+    """The smallest module taking ``input_ids``/``labels`` batches; records what it trained on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(8192, 8)
+        self.out = torch.nn.Linear(8, 8192)
+        self.seen: list[torch.Tensor] = []
+
+    def training_step(self, batch, batch_idx):
+        self.seen.append(batch["input_ids"].clone())
+        logits = self.out(self.emb(batch["input_ids"]))  # [B, T, V]
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=-100)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+@pytest.mark.slow
+def test_trainer_checkpoint_resumes_on_the_exact_next_batch(c4_dir: Path, tmp_path: Path):
+    def fit(max_steps: int, ckpt_path=None, callbacks=()) -> list[torch.Tensor]:
+        dm = C4DataModule(data_files=str(c4_dir), tokenizer="embedded", seq_len=8, batch_size=2, num_workers=2)
+        module = _Recorder()
+        trainer = Trainer(
+            max_steps=max_steps, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+            enable_model_summary=False, limit_val_batches=0, callbacks=list(callbacks), default_root_dir=tmp_path,
+        )  # fmt: skip
+        trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
+        return module.seen
+
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=3, save_top_k=-1)
+    uninterrupted = fit(7, callbacks=[checkpoint])
+    resumed = fit(7, ckpt_path=tmp_path / "ckpt" / "epoch=0-step=3.ckpt")
+    assert len(uninterrupted) == 7 and len(resumed) == 4
+    for got, expected in zip(resumed, uninterrupted[3:]):
+        assert torch.equal(got, expected)
+
+
+def test_malformed_lines_are_skipped_counted_and_logged(tmp_path: Path, caplog: pytest.LogCaptureFixture):
+    good = word_docs(0, 3)
+    lines = [c4_row(good[0]), "{not json", '{"url": "u"}', c4_row(good[1]), c4_row(5), "[1, 2]", c4_row(good[2])]
+    shard = write_shard(tmp_path / "c4-train.00000-of-00001.json.gz", lines)
+    skipped = Counter()
+    with caplog.at_level(logging.WARNING, logger="bhyt_pl.data.c4"):
+        docs = [d["text"] for d in read_documents([str(shard)], skipped)]
+    assert docs == good
+    assert skipped == Counter(not_json=1, no_text=2, text_not_str=1)
+    assert "skipped 4 malformed line(s)" in caplog.text
+    ds = PackedWindows([str(shard)], "embedded", seq_len=4)
+    assert [w.tolist() for _, _, w in ds] == reference_windows(good, 4)
+
+
+def test_empty_source_fails_at_setup(tmp_path: Path):
+    write_shard(tmp_path / "c4-train.00000-of-00001.json.gz", ["{bad", '{"text": null}'])
+    dm = C4DataModule(data_files=str(tmp_path), tokenizer="embedded")
+    with pytest.raises(ValueError, match=r"split 'train' has no document with a string 'text' in 1 file"):
+        dm.setup("fit")
+
+
+def test_missing_local_path_fails_at_setup(tmp_path: Path):
+    with pytest.raises(FileNotFoundError, match=r"C4 data_files .*nowhere.* match no file.*`embedded`"):
+        C4DataModule(data_files=str(tmp_path / "nowhere" / "*.json.gz"), tokenizer="embedded").setup("fit")
+    with pytest.raises(FileNotFoundError, match="no C4 shards .* under the directory"):
+        C4DataModule(data_files=str(tmp_path), tokenizer="embedded").setup("fit")
+
+
+def test_unreachable_hub_dataset_names_the_local_alternative():
+    with pytest.raises(RuntimeError, match=r"cannot reach the Hub dataset 'allenai/c4' \(config 'en'\).*data_files"):
+        C4DataModule(tokenizer="embedded").setup("fit")
+
+
+def test_invalid_arguments_are_collected():
+    with pytest.raises(ValueError, match=r"seq_len must be a positive int, got 0\n  - num_workers must be an int >= 0"):
+        C4DataModule(seq_len=0, num_workers=-1)
+
+
+def test_embedded_default_trains_offline():
+    dm = C4DataModule.embedded(batch_size=2)
+    dm.setup("fit")
+    batch = next(iter(dm.train_dataloader()))
+    assert batch["input_ids"].shape == (2, 256) and int(batch["input_ids"].max()) < 8192
+    assert dm.special_tokens.bos_id == BOS
