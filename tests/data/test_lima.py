@@ -1,0 +1,141 @@
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from bhyt_pl.data import LIMADataModule, encode_conversation, load_tokenizer, parse_row
+from tests.data.conftest import FIXTURES
+
+BOS, PAD, START, END, EOT = 0, 2, 3, 4, 5  # embedded tokenizer ids (test_tokenizer.py checks them)
+IGNORE = -100
+
+
+def enc(text: str) -> list[int]:
+    return load_tokenizer("embedded").encode(text, add_special_tokens=False).ids
+
+
+def turn(role: str, content: str) -> tuple[list[int], list[int]]:
+    """(header ids, content + <|eot_id|> ids) of one Llama-3 turn, written out by hand."""
+    return [START, *enc(role), END, *enc("\n\n")], [*enc(content), EOT]
+
+
+def shifted(ids: list[int], supervised: list[bool]) -> tuple[list[int], list[int]]:
+    return ids[:-1], [t if s else IGNORE for t, s in zip(ids[1:], supervised[1:])]
+
+
+def test_only_the_assistant_turn_is_supervised():
+    tok = load_tokenizer("embedded")
+    (uh, uc), (ah, ac) = turn("user", "Who made the sea?"), turn("assistant", "God made the sea.")
+    ids = [BOS, *uh, *uc, *ah, *ac]
+    n_prompt = 1 + len(uh) + len(uc) + len(ah)
+    input_ids, labels = encode_conversation(tok, ["Who made the sea?", "God made the sea."])
+    assert input_ids == ids[:-1]
+    assert labels == [IGNORE] * (n_prompt - 1) + ac  # target of the last prompt position is the first answer token
+    unmasked_ids, unmasked = encode_conversation(tok, ["Who made the sea?", "God made the sea."], mask_prompt=False)
+    assert unmasked_ids == input_ids and unmasked == ids[1:]
+
+
+def test_multi_turn_supervises_every_assistant_turn():
+    tok = load_tokenizer("embedded")
+    turns = ["Name a colour.", "Red.", "Another?", "Blue."]
+    pieces = [turn("user" if i % 2 == 0 else "assistant", t) for i, t in enumerate(turns)]
+    ids, sup = [BOS], [False]
+    for i, (header, content) in enumerate(pieces):
+        ids += header + content
+        sup += [False] * len(header) + [i % 2 == 1] * len(content)
+    assert encode_conversation(tok, turns) == shifted(ids, sup)
+    _, labels = encode_conversation(tok, turns)
+    assert labels.count(EOT) == 2  # each assistant turn learns to stop
+
+
+def test_truncation_keeps_the_prompt_tail_and_the_response_start():
+    tok = load_tokenizer("embedded")
+    prompt = " ".join(f"p{i}" for i in range(200))
+    response = " ".join(f"r{i}" for i in range(200))
+    (uh, uc), (ah, ac) = turn("user", prompt), turn("assistant", response)
+    body, max_seq_len = uh + uc + ah, 64
+    budget = max_seq_len + 1 - 1  # BOS kept
+    keep_response = budget // 2  # both sides long: the response gets half
+    ids = [BOS, *body[len(body) - (budget - keep_response) :], *ac[:keep_response]]
+    sup = [False] * (1 + budget - keep_response) + [True] * keep_response
+    input_ids, labels = encode_conversation(tok, [prompt, response], max_seq_len=max_seq_len)
+    assert len(input_ids) == len(labels) == max_seq_len
+    assert (input_ids, labels) == shifted(ids, sup)
+    first_answer = max_seq_len - (keep_response - 1)  # input_ids drops the last kept token
+    assert tok.decode(input_ids[first_answer - 8 : first_answer]).endswith("assistant\n\n")  # header survives
+    # a short prompt is kept whole and only the response is cut
+    short_ids, _ = encode_conversation(tok, ["Hi.", response], max_seq_len=max_seq_len)
+    (uh, uc), (ah, _) = turn("user", "Hi."), turn("assistant", response)
+    assert short_ids[: 1 + len(uh + uc + ah)] == [BOS, *uh, *uc, *ah] and len(short_ids) == max_seq_len
+
+
+@pytest.mark.parametrize(
+    ("row", "reason"),
+    [
+        ({"conversations": ["only a prompt"], "source": "x"}, "odd_length"),
+        ({"conversations": [], "source": "x"}, "odd_length"),
+        ({"conversations": ["q", " "], "source": "x"}, "empty_turn"),
+        ({"conversations": ["q", 3], "source": "x"}, "not_strings"),
+        ({"text": "neither format"}, "unknown_format"),
+    ],
+)
+def test_malformed_rows_name_their_reason(row, reason):
+    assert parse_row(row) == reason
+
+
+def test_alpaca_rows_join_instruction_and_input():
+    assert parse_row({"instruction": "Translate.", "input": "Hi", "output": "Salut"}) == ["Translate.\n\nHi", "Salut"]
+    assert parse_row({"instruction": "Say hi.", "input": "", "output": "Hi"}) == ["Say hi.", "Hi"]
+
+
+def test_lima_jsonl_fixture_loads_skips_and_counts(caplog: pytest.LogCaptureFixture):
+    dm = LIMADataModule(data_files=str(FIXTURES / "lima_tiny.jsonl"), tokenizer="embedded", val_split_fraction=0.25)
+    with caplog.at_level(logging.WARNING, logger="bhyt_pl.data.lima"):
+        dm.setup("fit")
+    assert dict(dm.skipped) == {"odd_length": 1, "empty_turn": 1}
+    assert "skipped 2 malformed conversation(s)" in caplog.text
+    assert (len(dm.train_dataset), len(dm.val_dataset)) == (6, 2)
+    again = LIMADataModule(data_files=str(FIXTURES / "lima_tiny.jsonl"), tokenizer="embedded", val_split_fraction=0.25)
+    again.setup("fit")
+    assert again.val_dataset.examples == dm.val_dataset.examples  # the split follows the seed
+    batch = next(iter(dm.train_dataloader()))
+    assert set(batch) == {"input_ids", "labels"} and batch["input_ids"].shape == batch["labels"].shape
+    assert batch["input_ids"].shape[1] <= max(len(ids) for ids, _ in dm.train_dataset.examples)
+
+
+def test_right_padding_uses_pad_id_and_ignores_padded_labels():
+    dm = LIMADataModule(data_files=str(FIXTURES / "lima_tiny.jsonl"), tokenizer="embedded", val_split_fraction=0.0)
+    dm.setup("fit")
+    items = [dm.train_dataset[i] for i in range(len(dm.train_dataset))]
+    batch = dm.train_dataloader().collate_fn(items)
+    for row, item in enumerate(items):
+        n = item["input_ids"].numel()
+        assert torch.equal(batch["input_ids"][row, :n], item["input_ids"])
+        assert torch.equal(batch["labels"][row, :n], item["labels"])
+        assert (batch["input_ids"][row, n:] == PAD).all() and (batch["labels"][row, n:] == IGNORE).all()
+
+
+def test_alpaca_json_file_loads(tmp_path: Path):
+    dm = LIMADataModule(data_files=str(FIXTURES / "lima_alpaca.json"), tokenizer="embedded", val_split_fraction=0.0)
+    dm.setup("fit")
+    assert len(dm.train_dataset) == 3 and not dm.skipped
+    rows = json.loads((FIXTURES / "lima_alpaca.json").read_text())
+    expected = {tuple(encode_conversation(load_tokenizer("embedded"), parse_row(r))[0]) for r in rows}
+    assert {tuple(ids) for ids, _ in dm.train_dataset.examples} == expected
+    assert dm.val_dataloader() == []
+
+
+def test_gated_hub_dataset_says_how_to_authenticate():
+    with pytest.raises(RuntimeError, match=r"'GAIR/lima'.*gated.*hf auth login.*--data.data_files"):
+        LIMADataModule(tokenizer="embedded").setup("fit")
+
+
+def test_missing_local_file_and_bad_arguments(tmp_path: Path):
+    with pytest.raises(FileNotFoundError, match="LIMA data_files .* match no file"):
+        LIMADataModule(data_files=str(tmp_path / "none.jsonl"), tokenizer="embedded").setup("fit")
+    with pytest.raises(ValueError, match=r"max_seq_len must be a positive int, got 0\n  - val_split_fraction"):
+        LIMADataModule(max_seq_len=0, val_split_fraction=1.0)
