@@ -69,7 +69,9 @@ class LlamaConfig:
         if not self.init_std > 0:
             problems.append(f"init_std must be > 0, got {self.init_std}")
         if not isinstance(self.norm_args, dict):
-            problems.append(f"norm_args must be a mapping of constructor arguments, got {type(self.norm_args).__name__}")
+            problems.append(
+                f"norm_args must be a mapping of constructor arguments, got {type(self.norm_args).__name__}"
+            )
         if problems:
             raise ValueError("invalid LlamaConfig:\n  - " + "\n  - ".join(problems))
         self.norm_scheme()  # unknown names and bad norm arguments fail here, before any work
@@ -90,11 +92,10 @@ class LlamaConfig:
         """
         if name not in PRESETS:
             raise ValueError(f"unknown model preset {name!r}; presets: {', '.join(PRESETS)}")
-        unknown = set(overrides) - {f.name for f in dataclasses.fields(cls)}
+        fields = [f.name for f in dataclasses.fields(cls)]
+        unknown = set(overrides) - set(fields)
         if unknown:
-            raise ValueError(
-                f"unknown LlamaConfig field(s) {sorted(unknown)}; fields: {', '.join(f.name for f in dataclasses.fields(cls))}"
-            )
+            raise ValueError(f"unknown LlamaConfig field(s) {sorted(unknown)}; fields: {', '.join(fields)}")
         return cls(**{**PRESETS[name], "name": name, **overrides})
 
     def to_dict(self) -> dict[str, Any]:
@@ -113,13 +114,69 @@ _LLAMA32 = {"vocab_size": 128256, "rope_theta": 500000.0, "tie_embeddings": True
 
 PRESETS: dict[str, dict[str, Any]] = {
     # paper models (spec section 5)
-    "llama-374m": {**_LLAMA32, "dim": 1024, "n_layers": 16, "n_heads": 16, "n_kv_heads": 4, "head_dim": 64, "mlp_dim": 4096},
-    "llama-1b": {**_LLAMA32, "dim": 2048, "n_layers": 16, "n_heads": 32, "n_kv_heads": 8, "head_dim": 64, "mlp_dim": 8192},
-    "llama-3b": {**_LLAMA32, "dim": 3072, "n_layers": 28, "n_heads": 24, "n_kv_heads": 8, "head_dim": 128, "mlp_dim": 8192},
+    "llama-374m": {
+        **_LLAMA32,
+        "dim": 1024,
+        "n_layers": 16,
+        "n_heads": 16,
+        "n_kv_heads": 4,
+        "head_dim": 64,
+        "mlp_dim": 4096,
+    },
+    "llama-1b": {
+        **_LLAMA32,
+        "dim": 2048,
+        "n_layers": 16,
+        "n_heads": 32,
+        "n_kv_heads": 8,
+        "head_dim": 64,
+        "mlp_dim": 8192,
+    },
+    "llama-3b": {
+        **_LLAMA32,
+        "dim": 3072,
+        "n_layers": 28,
+        "n_heads": 24,
+        "n_kv_heads": 8,
+        "head_dim": 128,
+        "mlp_dim": 8192,
+    },
     # CPU presets for the embedded 8k-vocabulary tokenizer
-    "tiny": {"vocab_size": 8192, "dim": 128, "n_layers": 4, "n_heads": 4, "n_kv_heads": 2, "mlp_dim": 384, "max_seq_len": 512},
-    "small": {"vocab_size": 8192, "dim": 256, "n_layers": 8, "n_heads": 8, "n_kv_heads": 4, "mlp_dim": 768, "max_seq_len": 1024},
+    "tiny": {
+        "vocab_size": 8192,
+        "dim": 128,
+        "n_layers": 4,
+        "n_heads": 4,
+        "n_kv_heads": 2,
+        "mlp_dim": 384,
+        "max_seq_len": 512,
+    },
+    "small": {
+        "vocab_size": 8192,
+        "dim": 256,
+        "n_layers": 8,
+        "n_heads": 8,
+        "n_kv_heads": 4,
+        "mlp_dim": 768,
+        "max_seq_len": 1024,
+    },
     # deep and narrow, for depth studies
-    "deep-24x128": {"vocab_size": 8192, "dim": 128, "n_layers": 24, "n_heads": 4, "n_kv_heads": 2, "mlp_dim": 384, "max_seq_len": 512},
-    "deep-32x128": {"vocab_size": 8192, "dim": 128, "n_layers": 32, "n_heads": 4, "n_kv_heads": 2, "mlp_dim": 384, "max_seq_len": 512},
+    "deep-24x128": {
+        "vocab_size": 8192,
+        "dim": 128,
+        "n_layers": 24,
+        "n_heads": 4,
+        "n_kv_heads": 2,
+        "mlp_dim": 384,
+        "max_seq_len": 512,
+    },
+    "deep-32x128": {
+        "vocab_size": 8192,
+        "dim": 128,
+        "n_layers": 32,
+        "n_heads": 4,
+        "n_kv_heads": 2,
+        "mlp_dim": 384,
+        "max_seq_len": 512,
+    },
 }

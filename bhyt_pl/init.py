@@ -19,6 +19,8 @@ def init_weights(module: nn.Module, std: float = 0.02) -> None:
             if getattr(m, "bias", None) is not None:
                 nn.init.zeros_(m.bias)
         elif m is not module and callable(getattr(m, "reset_parameters", None)):
-            has_own_state = any(True for _ in m.parameters(recurse=False)) or any(True for _ in m.buffers(recurse=False))
+            has_own_state = any(True for _ in m.parameters(recurse=False)) or any(
+                True for _ in m.buffers(recurse=False)
+            )
             if has_own_state:
                 m.reset_parameters()

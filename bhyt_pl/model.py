@@ -24,10 +24,11 @@ __all__ = ["Attention", "Block", "KVCache", "Llama", "MLP", "apply_rope", "rope_
 def rope_cos_sin(
     positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype = torch.float32
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotary tables for ``positions`` [T], each [T, hd], computed in float32 (never cached in a
-    buffer, so a ``.to(bfloat16)`` of the model cannot degrade them) and cast to ``dtype``."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
-    freqs = torch.outer(positions.float(), inv_freq)  # [T, hd/2]
+    """Rotary tables for ``positions`` [T], each [T, hd], computed in at least float32 (never cached
+    in a buffer, so a ``.to(bfloat16)`` of the model cannot degrade them) and cast to ``dtype``."""
+    compute = torch.promote_types(dtype, torch.float32)
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=compute) / head_dim))
+    freqs = torch.outer(positions.to(compute), inv_freq)  # [T, hd/2]
     emb = torch.cat((freqs, freqs), dim=-1)  # [T, hd], the half-split layout of HF Llama
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
@@ -161,9 +162,9 @@ class Llama(nn.Module):
         self.emb_norm = scheme.embedding_norm(config.dim)
         self.layers = nn.ModuleList(Block(config, i, scheme) for i in range(config.n_layers))
         self.final_norm = scheme.final_norm(config.dim, config.n_layers)
-        self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
-        if config.tie_embeddings:
-            self.lm_head.weight = self.embed.weight
+        # tied: the output projection reads ``embed.weight`` directly instead of sharing a Parameter
+        # between two modules, which meta-device materialisation (``to_empty``) would silently untie
+        self.lm_head = None if config.tie_embeddings else nn.Linear(config.dim, config.vocab_size, bias=False)
         self.register_load_state_dict_post_hook(_refresh_after_load)
         if not any(p.is_meta for p in self.parameters()):
             self.reset_parameters()
@@ -201,7 +202,11 @@ class Llama(nn.Module):
         cos, sin = self.rope(start_pos, T, idx.device, x.dtype)
         for layer in self.layers:
             x = layer(x, cos, sin, cache, start_pos)
-        return self.lm_head(self.final_norm(x))
+        return self.output(self.final_norm(x))
+
+    def output(self, x: torch.Tensor) -> torch.Tensor:
+        """Output projection [..., d] -> [..., V] (the embedding matrix when tied)."""
+        return self.lm_head(x) if self.lm_head is not None else F.linear(x, self.embed.weight)
 
     # ------------------------------------------------------------------------- generation
     def new_kv_cache(self, batch_size: int, max_len: int | None = None, dtype: torch.dtype | None = None) -> KVCache:

@@ -47,7 +47,9 @@ def register_norm(name: str) -> Callable[[S], S]:
             raise TypeError(f"@register_norm({name!r}) expects a NormScheme subclass, got {cls!r}")
         existing = _REGISTRY.get(name)
         if existing is not None and existing.__qualname__ != cls.__qualname__:
-            raise ValueError(f"norm name {name!r} is already registered to {existing.__module__}.{existing.__qualname__}")
+            raise ValueError(
+                f"norm name {name!r} is already registered to {existing.__module__}.{existing.__qualname__}"
+            )
         cls.name = name
         _REGISTRY[name] = cls
         return cls

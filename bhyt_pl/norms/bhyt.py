@@ -62,13 +62,14 @@ def vo_constant(w_v: torch.Tensor, w_o: torch.Tensor, n_head: int, n_kv_head: in
         seq_len: ``T``, the training sequence length.
 
     Returns:
-        A float32 scalar tensor.
+        A scalar tensor, float32 or wider.
     """
     d = w_v.shape[1]
     head_dim = w_v.shape[0] // n_kv_head
-    wv = w_v.float().view(n_kv_head, head_dim, d)  # [kv, hd, d]
+    dtype = torch.promote_types(w_v.dtype, torch.float32)
+    wv = w_v.to(dtype).view(n_kv_head, head_dim, d)  # [kv, hd, d]
     wv = wv.repeat_interleave(n_head // n_kv_head, dim=0).reshape(n_head * head_dim, d)  # [H*hd, d], as attention
-    product = w_o.float() @ wv  # [d, d]: the linear map x -> o_proj(v_proj(x)) per attended token
+    product = w_o.to(dtype) @ wv  # [d, d]: the linear map x -> o_proj(v_proj(x)) per attended token
     return product.pow(2).sum() / (seq_len * d)
 
 
@@ -129,7 +130,9 @@ class BHyT(nn.Module):
 
     def extra_repr(self) -> str:
         learn = isinstance(self.lambda_, nn.Parameter)
-        return f"{self.dim}, lambda_init={self.lambda_init}, kappa={self.kappa:.4g}, stat={self.stat}, learnable={learn}"
+        return (
+            f"{self.dim}, lambda_init={self.lambda_init}, kappa={self.kappa:.4g}, stat={self.stat}, learnable={learn}"
+        )
 
 
 class BHyTBlockNorms(BlockNorms):
@@ -247,7 +250,8 @@ class BHyTScheme(_BHyTSchemeBase):
     Args:
         lambda_attn: initial lambda of site A (before attention). Released default 2; the paper's text uses 1.
         lambda_mlp: initial lambda of site B (before the MLP). Default 1.
-        lambda_final: 0 for an RMSNorm final norm (released default), else the initial lambda of an exact BHyT final norm.
+        lambda_final: 0 for an RMSNorm final norm (released default), else the initial lambda of a
+            BHyT final norm with exact statistics.
         learnable_lambda: train the lambdas (True) or keep them fixed.
         p: Chebyshev coverage; ``kappa = 1/sqrt(1-p)``.
         kappa: set kappa directly instead of through ``p``.

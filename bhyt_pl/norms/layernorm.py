@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import nn
 
@@ -17,10 +18,11 @@ class LayerNorm(nn.LayerNorm):
         super().__init__(dim, eps=eps, bias=bias)
         self.scale = scale
 
-    def forward(self, x):  # noqa: D102 - same contract as nn.LayerNorm
-        w = self.weight.float() if self.weight is not None else None
-        b = self.bias.float() if self.bias is not None else None
-        y = F.layer_norm(x.float(), self.normalized_shape, w, b, self.eps).to(x.dtype)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = torch.promote_types(x.dtype, torch.float32)
+        w = self.weight.to(dtype) if self.weight is not None else None
+        b = self.bias.to(dtype) if self.bias is not None else None
+        y = F.layer_norm(x.to(dtype), self.normalized_shape, w, b, self.eps).to(x.dtype)
         return y * self.scale if self.scale != 1.0 else y
 
 

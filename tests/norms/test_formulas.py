@@ -1,0 +1,74 @@
+"""Every scheme's model output equals a float64 re-computation from the spec's formulas."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from reference_model import model_ref, vo_constant_ref
+
+from bhyt_pl import Llama, LlamaConfig
+
+CASES = [
+    ("rmsnorm", {}),
+    ("layernorm", {}),
+    ("lns", {}),
+    ("peri_ln", {}),
+    ("peri_ln", {"embed_norm": True}),
+    ("dyt", {"alpha_attn": 0.8, "alpha_mlp": 0.2, "alpha_final": 0.3}),
+    ("dyt", {"embedding_scale": False}),
+    ("bhyt", {}),
+    ("bhyt", {"lambda_attn": 1.0, "lambda_final": 1.5, "seq_len": 64}),
+    ("bhyt", {"stat": "meanstd"}),
+    ("bhyt", {"kappa": 4.0, "learnable_lambda": False}),
+    ("bhyt_exact", {}),
+    ("bhyt_exact", {"stat": "meanstd", "lambda_final": 1.0}),
+]
+
+
+def _perturb_norm_params(model: Llama) -> None:
+    """Move every gain, lambda, alpha and scale away from its init so a misplaced one shows."""
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+            if t.ndim < 2 and not name.endswith(".c"):
+                t.mul_(1 + 0.3 * torch.rand(t.shape, generator=gen, dtype=t.dtype))
+
+
+@pytest.mark.parametrize(("norm", "args"), CASES, ids=[f"{n}-{i}" for i, (n, _) in enumerate(CASES)])
+def test_model_matches_float64_spec(norm: str, args: dict) -> None:
+    config = LlamaConfig.from_name(
+        "tiny", vocab_size=64, dim=32, n_layers=3, n_heads=4, n_kv_heads=2, mlp_dim=48, norm=norm, norm_args=args
+    )
+    model = Llama(config).double().eval()
+    # larger weights than N(0, 0.02) so the blocks do something measurable
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 2:
+                p.normal_(0, 0.2)
+    model.refresh_norm_constants()
+    _perturb_norm_params(model)
+    idx = torch.randint(0, 64, (2, 11))
+    with torch.no_grad():
+        ours = model(idx)
+    ref = model_ref(model, idx, norm, args)
+    torch.testing.assert_close(ours, ref, rtol=1e-9, atol=1e-9)
+
+
+def test_bhyt_correction_changes_the_output() -> None:
+    """Guard: with a zeroed c the approximation differs, so the formula test above sees c."""
+    config = LlamaConfig.from_name("tiny", vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, norm="bhyt")
+    model = Llama(config).double().eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 2:
+                p.normal_(0, 0.2)
+    model.refresh_norm_constants()
+    c = float(model.layers[0].norms.c)
+    assert c == pytest.approx(vo_constant_ref(model.layers[0].attn, 1024), rel=1e-6)
+    idx = torch.randint(0, 64, (1, 9))
+    with torch.no_grad():
+        before = model(idx)
+        for layer in model.layers:
+            layer.norms.c.zero_()
+        after = model(idx)
+    assert not torch.allclose(before, after)

@@ -1,0 +1,148 @@
+"""Independent float64 reference of the model, written from the spec's formulas (sections 2-5).
+
+Reads only weights from the package's modules; none of the package's norm, attention or RoPE
+code runs here.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def rope_ref(x: torch.Tensor, theta: float) -> torch.Tensor:
+    """x [B, h, T, hd]: rotate each pair (i, i + hd/2) by angle pos * theta^(-2i/hd)."""
+    B, h, T, hd = x.shape
+    half = hd // 2
+    out = x.clone()
+    for i in range(half):
+        freq = theta ** (-2.0 * i / hd)
+        ang = torch.arange(T, dtype=torch.float64) * freq
+        c, s = torch.cos(ang), torch.sin(ang)
+        a, b = x[..., i], x[..., i + half]
+        out[..., i] = a * c - b * s
+        out[..., i + half] = b * c + a * s
+    return out
+
+
+def attention_ref(u: torch.Tensor, attn, theta: float) -> torch.Tensor:
+    W = lambda lin: lin.weight.detach().double()  # noqa: E731
+    B, T, d = u.shape
+    H, K, hd = attn.n_head, attn.n_kv_head, attn.head_dim
+    q = (u @ W(attn.q_proj).T).view(B, T, H, hd).transpose(1, 2)
+    k = (u @ W(attn.k_proj).T).view(B, T, K, hd).transpose(1, 2)
+    v = (u @ W(attn.v_proj).T).view(B, T, K, hd).transpose(1, 2)
+    q, k = rope_ref(q, theta), rope_ref(k, theta)
+    group = H // K
+    k = torch.stack([k[:, h // group] for h in range(H)], dim=1)
+    v = torch.stack([v[:, h // group] for h in range(H)], dim=1)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(hd)
+    scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    y = torch.softmax(scores, dim=-1) @ v  # [B, H, T, hd]
+    return y.transpose(1, 2).reshape(B, T, H * hd) @ W(attn.o_proj).T
+
+
+def mlp_ref(v: torch.Tensor, mlp) -> torch.Tensor:
+    W = lambda lin: lin.weight.detach().double()  # noqa: E731
+    g = v @ W(mlp.gate_proj).T
+    return ((g * torch.sigmoid(g)) * (v @ W(mlp.up_proj).T)) @ W(mlp.down_proj).T
+
+
+def vo_constant_ref(attn, seq_len: int) -> float:
+    """||W_V W_O||_F^2 / (T d) from the dense product, the GQA expansion written out head by head."""
+    wv = attn.v_proj.weight.detach().double()  # [K*hd, d]
+    wo = attn.o_proj.weight.detach().double()  # [d, H*hd]
+    H, K, hd = attn.n_head, attn.n_kv_head, attn.head_dim
+    d = wv.shape[1]
+    product = torch.zeros(d, d, dtype=torch.float64)
+    for h in range(H):
+        kv = h // (H // K)
+        product += wo[:, h * hd : (h + 1) * hd] @ wv[kv * hd : (kv + 1) * hd]
+    return float(product.pow(2).sum() / (seq_len * d))
+
+
+def _p(t) -> torch.Tensor:
+    return t.detach().double()
+
+
+def rms(x, g, eps):
+    return _p(g) * x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def layernorm(x, g, eps):
+    mu = x.mean(-1, keepdim=True)
+    var = (x - mu).pow(2).mean(-1, keepdim=True)
+    return _p(g) * (x - mu) / torch.sqrt(var + eps)
+
+
+def bhyt_site(x, site, kappa, eps, stat, spread=None, mean=None):
+    """gamma * tanh(lambda * x / D); D from the given (approximated) statistic or exact ones."""
+    if stat == "rms":
+        m = x.pow(2).mean(-1, keepdim=True) if spread is None else spread
+        denom = kappa * torch.sqrt(m + eps)
+    else:
+        mu = x.mean(-1, keepdim=True) if mean is None else mean
+        var = (x - x.mean(-1, keepdim=True)).pow(2).mean(-1, keepdim=True) if spread is None else spread
+        denom = kappa * torch.sqrt(var + eps) + mu.abs()
+    return _p(site.weight) * torch.tanh(_p(site.lambda_) * x / denom)
+
+
+def model_ref(model, idx: torch.Tensor, norm: str, args: dict) -> torch.Tensor:
+    """Logits of ``model`` for ``idx`` in float64, every norm from the spec's formulas."""
+    cfg = model.config
+    theta = cfg.rope_theta
+    x = _p(model.embed.weight)[idx]
+    if norm == "dyt" and args.get("embedding_scale", True):
+        x = x * _p(model.emb_norm.scale)
+    if norm == "peri_ln" and args.get("embed_norm", False):
+        x = rms(x, model.emb_norm.weight, 1e-5)
+    kappa = args.get("kappa") or 1.0 / math.sqrt(1.0 - args.get("p", 0.99))
+    eps_b, stat = args.get("eps", 1e-6), args.get("stat", "rms")
+    for li, layer in enumerate(model.layers):
+        n, attn, mlp = layer.norms, layer.attn, layer.mlp
+        if norm in ("rmsnorm", "lns", "peri_ln"):
+            scale = 1.0 / math.sqrt(li + 1) if norm == "lns" else 1.0
+            u = rms(x, n.attn_in.weight, 1e-5) * scale
+            a = attention_ref(u, attn, theta)
+            a = rms(a, n.attn_out.weight, 1e-5) if norm == "peri_ln" else a
+            h = x + a
+            v = rms(h, n.mlp_in.weight, 1e-5) * scale
+            o = mlp_ref(v, mlp)
+            o = rms(o, n.mlp_out.weight, 1e-5) if norm == "peri_ln" else o
+            x = h + o
+        elif norm == "layernorm":
+            h = x + attention_ref(layernorm(x, n.attn_in.weight, 1e-5), attn, theta)
+            x = h + mlp_ref(layernorm(h, n.mlp_in.weight, 1e-5), mlp)
+        elif norm == "dyt":
+            dyt = lambda z, s: _p(s.weight) * torch.tanh(_p(s.alpha) * z)  # noqa: E731
+            h = x + attention_ref(dyt(x, n.attn_in), attn, theta)
+            x = h + mlp_ref(dyt(h, n.mlp_in), mlp)
+        elif norm in ("bhyt", "bhyt_exact"):
+            u = bhyt_site(x, n.attn_in, kappa, eps_b, stat)
+            h = x + attention_ref(u, attn, theta)
+            if norm == "bhyt":
+                lam_a = float(n.attn_in.lambda_.detach())
+                corr = vo_constant_ref(attn, args.get("seq_len", 1024)) * lam_a**2 / kappa**2
+                if stat == "rms":
+                    spread, mean = x.pow(2).mean(-1, keepdim=True) + corr, None
+                else:
+                    mean = x.mean(-1, keepdim=True)
+                    spread = (x - mean).pow(2).mean(-1, keepdim=True) + corr
+                v = bhyt_site(h, n.mlp_in, kappa, eps_b, stat, spread=spread, mean=mean)
+            else:
+                v = bhyt_site(h, n.mlp_in, kappa, eps_b, stat)
+            x = h + mlp_ref(v, mlp)
+        else:
+            raise ValueError(norm)
+    f = model.final_norm
+    if norm == "layernorm":
+        x = layernorm(x, f.weight, 1e-5)
+    elif norm == "dyt":
+        x = _p(f.weight) * torch.tanh(_p(f.alpha) * x)
+    elif norm in ("bhyt", "bhyt_exact") and args.get("lambda_final", 0) > 0:
+        x = bhyt_site(x, f, kappa, eps_b, stat)
+    else:
+        x = rms(x, f.weight, 1e-5)
+    head = model.embed.weight if model.lm_head is None else model.lm_head.weight
+    return x @ _p(head).T

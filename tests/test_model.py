@@ -1,0 +1,191 @@
+"""The Llama model: Hugging Face parity, KV cache, meta-device init, generation, compile."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bhyt_pl import Llama, LlamaConfig
+from bhyt_pl.model import Block, rope_cos_sin
+
+SCHEMES = ["rmsnorm", "layernorm", "dyt", "bhyt", "bhyt_exact", "peri_ln", "lns"]
+
+
+def _small(norm: str = "rmsnorm", **kw) -> LlamaConfig:
+    base = dict(vocab_size=97, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, mlp_dim=48, max_seq_len=64, norm=norm)
+    return LlamaConfig.from_name("tiny", **{**base, **kw})
+
+
+def test_parity_with_transformers_llama() -> None:
+    transformers = pytest.importorskip("transformers")
+    config = LlamaConfig.from_name("tiny", vocab_size=300, n_layers=3, max_seq_len=128)
+    ours = Llama(config).eval()
+    with torch.no_grad():  # non-trivial norm gains
+        for layer in ours.layers:
+            layer.norms.attn_in.weight.uniform_(0.5, 1.5)
+            layer.norms.mlp_in.weight.uniform_(0.5, 1.5)
+    hf = transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(
+            vocab_size=300,
+            hidden_size=128,
+            intermediate_size=384,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            rope_theta=500000.0,
+            rms_norm_eps=1e-5,
+            tie_word_embeddings=True,
+            max_position_embeddings=128,
+            attention_bias=False,
+            mlp_bias=False,
+        )
+    ).eval()
+    # copy weights by hand (independent of bhyt_pl.convert)
+    sd = {"model.embed_tokens.weight": ours.embed.weight, "model.norm.weight": ours.final_norm.weight}
+    for i, layer in enumerate(ours.layers):
+        for n in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            sd[f"model.layers.{i}.self_attn.{n}.weight"] = getattr(layer.attn, n).weight
+        for n in ("gate_proj", "up_proj", "down_proj"):
+            sd[f"model.layers.{i}.mlp.{n}.weight"] = getattr(layer.mlp, n).weight
+        sd[f"model.layers.{i}.input_layernorm.weight"] = layer.norms.attn_in.weight
+        sd[f"model.layers.{i}.post_attention_layernorm.weight"] = layer.norms.mlp_in.weight
+    missing, unexpected = hf.load_state_dict({k: v.detach() for k, v in sd.items()}, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}
+    hf.tie_weights()
+    idx = torch.randint(0, 300, (2, 100))
+    with torch.no_grad():
+        a, b = ours(idx), hf(idx).logits
+    err = (a - b).abs().max().item()
+    assert err < 1e-4, err
+
+
+def test_convert_helper_round_trip() -> None:
+    pytest.importorskip("transformers")
+    from bhyt_pl.convert import from_hf_llama, to_hf_llama
+
+    model = Llama(_small()).eval()
+    idx = torch.randint(0, 97, (1, 20))
+    with torch.no_grad():
+        torch.testing.assert_close(model(idx), to_hf_llama(model)(idx).logits, atol=1e-5, rtol=1e-5)
+    back = from_hf_llama(to_hf_llama(model))
+    with torch.no_grad():
+        torch.testing.assert_close(back(idx), model(idx))
+    with pytest.raises(ValueError, match="only norm='rmsnorm'"):
+        to_hf_llama(Llama(_small("bhyt")))
+
+
+@pytest.mark.parametrize("norm", SCHEMES)
+def test_kv_cache_matches_full_forward(norm: str) -> None:
+    model = Llama(_small(norm)).eval()
+    idx = torch.randint(0, 97, (2, 24))
+    with torch.no_grad():
+        full = model(idx)
+        cache = model.new_kv_cache(2, 24)
+        pieces = [model(idx[:, :10], cache, 0)]  # prefill
+        pieces.append(model(idx[:, 10:15], cache, 10))  # a chunk after a prefix (explicit mask)
+        for t in range(15, 24):  # one token at a time
+            pieces.append(model(idx[:, t : t + 1], cache, t))
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_greedy_generate_equals_argmax_loop_and_stops_at_eos() -> None:
+    model = Llama(_small("bhyt")).eval()
+    prompt = torch.randint(0, 97, (2, 5))
+    out = model.generate(prompt, max_new_tokens=8)
+    assert out.shape == (2, 13) and torch.equal(out[:, :5], prompt)
+    seq = prompt
+    with torch.no_grad():
+        for _ in range(8):  # uncached reference
+            seq = torch.cat([seq, model(seq)[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(out, seq)
+    eos = int(out[0, 7])  # the third generated token of row 0
+    stopped = model.generate(prompt[:1], max_new_tokens=8, eos_id=eos)
+    first = (stopped[0, 5:] == eos).nonzero()[0].item()
+    assert stopped.shape[1] == 5 + first + 1 and stopped[0, -1] == eos
+
+
+def test_sampling_is_reproducible_and_top_k_restricts() -> None:
+    model = Llama(_small()).eval()
+    prompt = torch.randint(0, 97, (1, 4))
+    a = model.generate(prompt, 6, temperature=1.0, top_k=5, generator=torch.Generator().manual_seed(3))
+    b = model.generate(prompt, 6, temperature=1.0, top_k=5, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(a, b)
+    # top_k=1 sampling is greedy
+    g = model.generate(prompt, 6)
+    assert torch.equal(model.generate(prompt, 6, temperature=0.7, top_k=1), g)
+    with pytest.raises(ValueError, match="temperature must be >= 0"):
+        model.generate(prompt, 2, temperature=-1.0)
+
+
+def test_sequence_longer_than_max_seq_len_is_refused() -> None:
+    model = Llama(_small(max_seq_len=16))
+    with pytest.raises(ValueError, match="exceeds max_seq_len=16"):
+        model(torch.zeros(1, 17, dtype=torch.long))
+
+
+@pytest.mark.parametrize("norm", SCHEMES)
+def test_meta_device_build_materialise_reset(norm: str) -> None:
+    config = _small(norm)
+    with torch.device("meta"):
+        model = Llama(config)
+    assert all(p.is_meta for p in model.parameters())
+    model.to_empty(device="cpu")
+    model.reset_parameters()
+    reference = Llama(config)
+    for (n, p), (_, q) in zip(model.named_parameters(), reference.named_parameters()):
+        assert torch.isfinite(p).all(), n
+        if p.ndim < 2:  # norm parameters are deterministic: identical to a normal build
+            torch.testing.assert_close(p, q, msg=n)
+        else:  # N(0, 0.02)
+            assert abs(p.std().item() - 0.02) < 0.004, n
+            assert abs(p.mean().item()) < 0.004, n
+    if norm == "bhyt":
+        assert all(float(layer.norms.c) > 0 for layer in model.layers)
+    assert model.lm_head is None  # tied: the output projection reads embed.weight
+    out = model(torch.randint(0, 97, (1, 8)))
+    assert torch.isfinite(out).all()
+
+
+def test_paper_preset_parameter_counts() -> None:
+    expected = {"llama-374m": 374e6, "llama-1b": 1.24e9, "llama-3b": 3.2e9}
+    for name, target in expected.items():
+        with torch.device("meta"):
+            model = Llama(LlamaConfig.from_name(name))
+        n = sum(p.numel() for p in model.parameters())
+        assert abs(n - target) / target < 0.01, (name, n)
+        # hand count: tied embedding + per layer (q, k, v, o, 3 MLP matrices) + norm gains
+        c = model.config
+        hand = (
+            c.vocab_size * c.dim
+            + c.n_layers * (c.dim * c.head_dim * (2 * c.n_heads + 2 * c.n_kv_heads) + 3 * c.dim * c.mlp_dim + 2 * c.dim)
+            + c.dim
+        )
+        assert n == hand
+
+
+def test_rope_matches_hand_rotation() -> None:
+    cos, sin = rope_cos_sin(torch.arange(3), 4, 10000.0, torch.float64)
+    # position 2, pair 1 (indices 1 and 3): angle 2 * 10000^(-2/4) = 0.02
+    assert cos[2, 1].item() == pytest.approx(torch.cos(torch.tensor(0.02, dtype=torch.float64)).item())
+    assert sin[2, 3].item() == pytest.approx(torch.sin(torch.tensor(0.02, dtype=torch.float64)).item())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("norms", "backend"), [(SCHEMES, "aot_eager"), (["bhyt"], "inductor")])
+def test_compile_fullgraph(norms: list[str], backend: str) -> None:
+    """torch.compile(block, fullgraph=True): graph capture and autograd for every scheme (aot_eager),
+    and full inductor code generation for BHyT (about 15 s a scheme on this CPU, so only one)."""
+    torch._dynamo.reset()
+    for norm in norms:
+        config = LlamaConfig(dim=16, n_layers=1, n_heads=2, n_kv_heads=1, mlp_dim=24, vocab_size=8, norm=norm)
+        block = Block(config, 0, config.norm_scheme())
+        block.refresh_norm_constants()
+        x = torch.randn(1, 6, 16, requires_grad=True)
+        cos, sin = rope_cos_sin(torch.arange(6), config.head_dim, config.rope_theta)
+        compiled = torch.compile(block, fullgraph=True, backend=backend)
+        out = compiled(x, cos, sin)
+        torch.testing.assert_close(out, block(x, cos, sin), atol=1e-5, rtol=1e-5)
+        (grad,) = torch.autograd.grad(out.square().sum(), [x])
+        (ref,) = torch.autograd.grad(block(x, cos, sin).square().sum(), [x])
+        torch.testing.assert_close(grad, ref, atol=1e-5, rtol=1e-5)
