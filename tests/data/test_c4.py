@@ -12,7 +12,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader
 
 from bhyt_pl.data import C4DataModule, PackedWindows, ResumableLoader, load_tokenizer, read_documents
-from tests.data.conftest import c4_row, word_docs, write_shard
+
+from .conftest import c4_row, word_docs, write_shard
 
 BOS, EOS = 0, 1  # the embedded tokenizer's ids, checked in test_tokenizer.py
 

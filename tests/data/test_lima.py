@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from bhyt_pl.data import LIMADataModule, encode_conversation, load_tokenizer, parse_row
-from tests.data.conftest import FIXTURES
+
+from .conftest import FIXTURES
 
 BOS, PAD, START, END, EOT = 0, 2, 3, 4, 5  # embedded tokenizer ids (test_tokenizer.py checks them)
 IGNORE = -100
