@@ -9,6 +9,15 @@ at least a fraction ``p`` of the coordinates satisfy ``|x_i| <= D``, so the tanh
 ``bhyt`` makes exactly one reduction per block: site B does not reduce over ``h = x + Attn(u)``
 but uses the statistic of ``x`` plus the variance the attention adds,
 ``c * stopgrad(lambda_A)^2 / kappa^2`` with ``c = ||W_V W_O||_F^2 / (T d)`` cached per layer.
+
+Two implementations of a site compute the same function (``impl``): ``reference`` is the formula in
+plain autograd ops (it saves the tanh output for backward); ``fused`` is one autograd Function that
+saves only the site input and the per-token scale and recomputes the tanh in backward, with a
+rational tanh for float32 and narrower (``rational_tanh``, within 1e-6 relative of ``torch.tanh``;
+float64 keeps ``torch.tanh``). On CPU the fused path pays off under ``torch.compile`` (inductor turns
+it into one loop per pass); eager, the extra tanh of its backward costs more than it saves, so
+``auto`` picks ``fused`` while compiling and ``reference`` otherwise (measured by
+``python -m bhyt_pl bench``, docs/performance.md).
 """
 
 from __future__ import annotations
@@ -23,16 +32,33 @@ from bhyt_pl.norms.base import BlockNorms, NormScheme, register_norm
 from bhyt_pl.norms.rmsnorm import RMSNorm
 
 __all__ = [
+    "IMPLS",
     "BHyT",
     "BHyTBlockNorms",
     "BHyTExactScheme",
     "BHyTScheme",
     "SiteStats",
+    "rational_tanh",
     "satisfies_variance_bound",
     "vo_constant",
 ]
 
 STATS = ("rms", "meanstd")
+IMPLS = ("auto", "reference", "fused")
+
+# Odd/even coefficients of a [13/6] rational approximation of tanh on [-TANH_CLAMP, TANH_CLAMP]
+# (the float32 kernel of Eigen, which XLA also uses); beyond the clamp tanh rounds to +-1 in float32.
+_TANH_P = (
+    4.89352455891786e-03,
+    6.37261928875436e-04,
+    1.48572235717979e-05,
+    5.12229709037114e-08,
+    -8.60467152213735e-11,
+    2.00018790482477e-13,
+    -2.76076847742355e-16,
+)
+_TANH_Q = (4.89352518554385e-03, 2.26843463243900e-03, 1.18534705686654e-04, 1.19825839466702e-06)
+TANH_CLAMP = 7.90531110763549805
 
 
 class SiteStats(NamedTuple):
@@ -73,6 +99,73 @@ def vo_constant(w_v: torch.Tensor, w_o: torch.Tensor, n_head: int, n_kv_head: in
     return product.pow(2).sum() / (seq_len * d)
 
 
+def rational_tanh(z: torch.Tensor) -> torch.Tensor:
+    """``tanh(z)`` from multiplies, adds and one divide, which inductor vectorises on CPU (its
+    ``torch.tanh`` is about 3x slower there). Max relative error vs ``torch.tanh`` about 4e-7 over
+    the whole float32 line (tests/norms/test_fused.py). Float64 input gets the exact ``torch.tanh``.
+    """
+    if z.dtype == torch.float64:
+        return torch.tanh(z)
+    return _rational_tanh(z)
+
+
+def _site_tanh(z: torch.Tensor) -> torch.Tensor:
+    """The fused path's tanh: rational while compiling (one vectorised loop), else ``torch.tanh``
+    (eager, the rational form is eleven kernels and costs more than ATen's tanh)."""
+    return rational_tanh(z) if torch.compiler.is_compiling() else torch.tanh(z)
+
+
+def _rational_tanh(z: torch.Tensor) -> torch.Tensor:
+    z = z.clamp(-TANH_CLAMP, TANH_CLAMP)
+    z2 = z * z
+    p = _TANH_P[6]
+    for a in reversed(_TANH_P[:6]):  # Horner in z^2
+        p = p * z2 + a
+    q = _TANH_Q[3]
+    for b in reversed(_TANH_Q[:3]):
+        q = q * z2 + b
+    return z * p / q
+
+
+class _SiteFunction(torch.autograd.Function):
+    """``y = (gamma * tanh(scale * x)).to(x.dtype)``; saves ``x``, ``scale`` [..., 1] and ``gamma``
+    only and recomputes the tanh in backward (one pass over the activations in each direction)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, scale: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, scale, weight)
+        xf = x.to(torch.promote_types(x.dtype, torch.float32))
+        return (weight * _site_tanh(scale * xf)).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, scale, weight = ctx.saved_tensors
+        xf = x.to(torch.promote_types(x.dtype, torch.float32))
+        t = _site_tanh(scale * xf)
+        g = grad.to(t.dtype)
+        gz = g * weight * (1 - t * t)  # d tanh(z)/dz = 1 - tanh^2
+        gx = (gz * scale).to(x.dtype) if ctx.needs_input_grad[0] else None
+        gs = (gz * xf).sum(dim=-1, keepdim=True).sum_to_size(scale.shape) if ctx.needs_input_grad[1] else None
+        gw = (g * t).sum_to_size(weight.shape).to(weight.dtype) if ctx.needs_input_grad[2] else None
+        return gx, gs, gw
+
+
+class _SecondMoment(torch.autograd.Function):
+    """``mean(x^2)`` over the last dim in at least float32, saving ``x`` in its own dtype (plain ops
+    would save a float32 copy of a bfloat16 input)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return x.to(torch.promote_types(x.dtype, torch.float32)).pow(2).mean(dim=-1, keepdim=True)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        xf = x.to(grad.dtype)
+        return (grad * (2.0 / x.shape[-1]) * xf).to(x.dtype)
+
+
 class BHyT(nn.Module):
     """One BHyT site: ``gamma * tanh(lambda * x / D)``.
 
@@ -83,15 +176,26 @@ class BHyT(nn.Module):
         eps: added to the second moment (or variance) inside the square root.
         learnable_lambda: a parameter if True, else a fixed buffer that never trains.
         stat: ``rms`` or ``meanstd`` (see module docstring).
+        impl: ``reference``, ``fused`` or ``auto`` (fused while compiling, see module docstring).
     """
 
     def __init__(
-        self, dim: int, lambda_init: float, kappa: float, eps: float, learnable_lambda: bool = True, stat: str = "rms"
+        self,
+        dim: int,
+        lambda_init: float,
+        kappa: float,
+        eps: float,
+        learnable_lambda: bool = True,
+        stat: str = "rms",
+        impl: str = "auto",
     ) -> None:
         super().__init__()
         if stat not in STATS:
             raise ValueError(f"stat must be one of {', '.join(STATS)}; got {stat!r}")
+        if impl not in IMPLS:
+            raise ValueError(f"impl must be one of {', '.join(IMPLS)}; got {impl!r}")
         self.dim, self.lambda_init, self.kappa, self.eps, self.stat = dim, lambda_init, kappa, eps, stat
+        self.impl = impl
         self.weight = nn.Parameter(torch.empty(dim))
         if learnable_lambda:
             self.lambda_ = nn.Parameter(torch.empty(()))
@@ -104,8 +208,16 @@ class BHyT(nn.Module):
         with torch.no_grad():
             self.lambda_.fill_(self.lambda_init)
 
+    def fused(self) -> bool:
+        """Whether this call takes the fused path (``auto``: only while ``torch.compile`` traces)."""
+        if self.impl == "auto":
+            return torch.compiler.is_compiling()
+        return self.impl == "fused"
+
     def statistics(self, x: torch.Tensor) -> SiteStats:
         """Exact per-token statistics of ``x`` over the hidden dim, at least float32."""
+        if self.stat == "rms" and self.fused():
+            return SiteStats(None, _SecondMoment.apply(x))
         xf = x.to(torch.promote_types(x.dtype, torch.float32))
         if self.stat == "rms":
             return SiteStats(None, xf.pow(2).mean(dim=-1, keepdim=True))
@@ -126,12 +238,18 @@ class BHyT(nn.Module):
         return (self.lambda_ * self.inverse_bound(stats)) * xf
 
     def forward(self, x: torch.Tensor, stats: SiteStats | None = None) -> torch.Tensor:
-        return (self.weight * torch.tanh(self.preactivation(x, stats))).to(x.dtype)
+        if not self.fused():
+            return (self.weight * torch.tanh(self.preactivation(x, stats))).to(x.dtype)
+        if stats is None:
+            stats = self.statistics(x)
+        scale = self.lambda_ * self.inverse_bound(stats)  # [..., 1], float32: lambda / D per token
+        return _SiteFunction.apply(x, scale, self.weight)
 
     def extra_repr(self) -> str:
         learn = isinstance(self.lambda_, nn.Parameter)
         return (
-            f"{self.dim}, lambda_init={self.lambda_init}, kappa={self.kappa:.4g}, stat={self.stat}, learnable={learn}"
+            f"{self.dim}, lambda_init={self.lambda_init}, kappa={self.kappa:.4g}, stat={self.stat}, "
+            f"learnable={learn}, impl={self.impl}"
         )
 
 
@@ -190,10 +308,11 @@ class _BHyTSchemeBase(NormScheme):
         stat: str = "rms",
         eps: float = 1e-6,
         final_eps: float = 1e-5,
+        impl: str = "auto",
     ) -> None:
         self.lambda_attn, self.lambda_mlp, self.lambda_final = lambda_attn, lambda_mlp, lambda_final
         self.learnable_lambda, self.p, self.kappa, self.stat = learnable_lambda, p, kappa, stat
-        self.eps, self.final_eps = eps, final_eps
+        self.eps, self.final_eps, self.impl = eps, final_eps, impl
         problems = []
         for n, v in (("lambda_attn", lambda_attn), ("lambda_mlp", lambda_mlp)):
             if not v > 0:
@@ -210,6 +329,8 @@ class _BHyTSchemeBase(NormScheme):
             problems.append(f"eps must be > 0, got {eps}")
         if not final_eps > 0:
             problems.append(f"final_eps must be > 0, got {final_eps}")
+        if impl not in IMPLS:
+            problems.append(f"impl must be one of {', '.join(IMPLS)}; got {impl!r}")
         self._raise_if(problems)
 
     @property
@@ -218,7 +339,7 @@ class _BHyTSchemeBase(NormScheme):
         return float(self.kappa) if self.kappa is not None else 1.0 / math.sqrt(1.0 - self.p)
 
     def _site(self, dim: int, lambda_init: float) -> BHyT:
-        return BHyT(dim, lambda_init, self.kappa_value, self.eps, self.learnable_lambda, self.stat)
+        return BHyT(dim, lambda_init, self.kappa_value, self.eps, self.learnable_lambda, self.stat, self.impl)
 
     def _seq_len(self) -> int:
         return 1  # unused by the exact scheme
@@ -259,9 +380,11 @@ class BHyTScheme(_BHyTSchemeBase):
         eps: epsilon inside the square root of the statistic.
         final_eps: epsilon of the RMSNorm final norm when ``lambda_final = 0``.
         seq_len: ``T`` in ``c = ||W_V W_O||_F^2 / (T d)``: the training sequence length.
+        impl: ``auto`` (fused path while compiling), ``reference`` or ``fused``; same function either way.
     """
 
     approximate = True
+    needs_constant_refresh = True
 
     def __init__(
         self,
@@ -275,11 +398,12 @@ class BHyTScheme(_BHyTSchemeBase):
         eps: float = 1e-6,
         final_eps: float = 1e-5,
         seq_len: int = 1024,
+        impl: str = "auto",
     ) -> None:
         self.seq_len = seq_len
         if not (isinstance(seq_len, int) and seq_len > 0):
             raise ValueError(f"invalid 'bhyt' norm configuration: seq_len must be a positive int, got {seq_len!r}")
-        super().__init__(lambda_attn, lambda_mlp, lambda_final, learnable_lambda, p, kappa, stat, eps, final_eps)
+        super().__init__(lambda_attn, lambda_mlp, lambda_final, learnable_lambda, p, kappa, stat, eps, final_eps, impl)
 
     def _seq_len(self) -> int:
         return self.seq_len

@@ -1,0 +1,287 @@
+"""``python -m bhyt_pl bench``: norm sites, training step, generation and memory of every scheme,
+side by side with Hugging Face ``transformers``, in one interleaved run (docs/performance.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bhyt_pl.bench.generation import generation_fns
+from bhyt_pl.bench.memory import saved_activation_bytes
+from bhyt_pl.bench.models import build_model, compile_blocks, hf_peer
+from bhyt_pl.bench.report import PAPER, markdown, throughput_entries, time_entries
+from bhyt_pl.bench.sites import block_norms, site_step
+from bhyt_pl.bench.tanh import tanh_table
+from bhyt_pl.bench.timing import interleaved, machine_info, median, synchronizer
+from bhyt_pl.bench.train_step import train_step
+from bhyt_pl.bench.variants import DEFAULT_VARIANTS, Variant, parse_variant
+
+__all__ = ["PARTS", "PEER", "main", "parser", "run"]
+
+log = logging.getLogger(__name__)
+
+PARTS = ("sites", "tanh", "train", "generate", "memory")
+PEER = "hf_transformers"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+QUICK = {
+    "preset": "tiny",
+    "overrides": {"n_layers": 2, "dim": 64, "n_heads": 4, "n_kv_heads": 2, "mlp_dim": 128, "vocab_size": 256},
+    "seq_len": 32,
+    "batch": 2,
+    "site_dims": [64],
+    "site_tokens": 128,
+    "prompt_len": 8,
+    "new_tokens": 4,
+    "repeats": 2,
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m bhyt_pl bench",
+        description="Time every norm scheme (norm sites, training step, KV-cache generation, activation memory) "
+        "against rmsnorm and Hugging Face transformers in one interleaved run; print a markdown table, write JSON.",
+    )
+    p.add_argument("--preset", default="small", help="model preset for the training step and generation")
+    p.add_argument(
+        "--schemes",
+        nargs="+",
+        default=list(DEFAULT_VARIANTS),
+        help="schemes, each name[:key=value,...] (e.g. bhyt:impl=fused); rmsnorm is added first if missing",
+    )
+    p.add_argument("--seq-len", type=int, default=256, help="training sequence length")
+    p.add_argument("--batch", type=int, default=4, help="training batch size")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True, help="also time compiled")
+    p.add_argument("--repeats", type=int, default=7, help="interleaved repetitions per measurement")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is steadiest on a shared CPU)")
+    p.add_argument("--site-dims", default="1024,2048", help="widths of the norm-site benchmark")
+    p.add_argument("--site-tokens", type=int, default=4096, help="tokens per norm-site call")
+    p.add_argument("--gen-batch", type=int, default=1, help="generation batch size")
+    p.add_argument("--prompt-len", type=int, default=64, help="generation prompt length")
+    p.add_argument("--new-tokens", type=int, default=32, help="tokens generated per prompt")
+    p.add_argument("--parts", default=",".join(PARTS), help=f"subset of {','.join(PARTS)}")
+    p.add_argument("--peers", action=argparse.BooleanOptionalAction, default=True, help="include transformers")
+    p.add_argument("--json", type=Path, default=Path("bench_results.json"), help="where to write the JSON")
+    p.add_argument("--quick", action="store_true", help="tiny sizes and 2 repetitions (smoke test)")
+    p.add_argument("--dry-run", action="store_true", help="print the resolved settings and exit")
+    return p
+
+
+def _settings(args: argparse.Namespace) -> dict[str, Any]:
+    variants = [parse_variant(t) for t in args.schemes]
+    if not any(v.label == "rmsnorm" for v in variants):
+        variants.insert(0, parse_variant("rmsnorm"))
+    parts = [p for p in args.parts.split(",") if p]
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown:
+        raise ValueError(f"--parts: unknown {unknown}; choose from {', '.join(PARTS)}")
+    settings = {
+        "preset": args.preset,
+        "overrides": {},
+        "schemes": [v.label for v in variants],
+        "seq_len": args.seq_len,
+        "batch": args.batch,
+        "dtype": args.dtype,
+        "device": args.device,
+        "compile": args.compile,
+        "repeats": args.repeats,
+        "threads": args.threads,
+        "site_dims": [int(d) for d in args.site_dims.split(",")],
+        "site_tokens": args.site_tokens,
+        "gen_batch": args.gen_batch,
+        "prompt_len": args.prompt_len,
+        "new_tokens": args.new_tokens,
+        "parts": parts,
+        "peers": args.peers,
+        "attn_implementation": "sdpa (torch.nn.functional.scaled_dot_product_attention) in both",
+        "compile_path": "torch.compile of each block in place (Block.compile(dynamic=False))",
+        "inductor_cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
+    }
+    if args.quick:
+        settings.update(QUICK)
+    if settings["new_tokens"] < 2:
+        raise ValueError(f"--new-tokens must be >= 2 (one prefill plus decode steps), got {settings['new_tokens']}")
+    return settings
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m bhyt_pl bench``; returns the exit status."""
+    args = parser().parse_args(argv)
+    try:
+        settings = _settings(args)
+    except ValueError as err:
+        parser().error(str(err))
+    if args.dry_run:
+        print(json.dumps(settings, indent=2))
+        return 0
+    results = run(settings)
+    print(markdown(results))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(results, indent=2))
+    print(f"wrote {args.json}")
+    return 0
+
+
+def run(settings: dict[str, Any]) -> dict[str, Any]:
+    """Run the parts named in ``settings`` and return the results dict (see docs/performance.md)."""
+    device = torch.device(settings["device"])
+    dtype = DTYPES[settings["dtype"]]
+    threads = torch.get_num_threads()
+    dynamo = torch._dynamo.config
+    limits = {k: getattr(dynamo, k) for k in ("recompile_limit", "cache_size_limit") if hasattr(dynamo, k)}
+    try:
+        torch.set_num_threads(settings["threads"])
+        for k in limits:  # one compiled graph per scheme and shape: far more than the default 8
+            setattr(dynamo, k, 512)
+        return _run(settings, device, dtype)
+    finally:
+        torch.set_num_threads(threads)
+        for k, v in limits.items():
+            setattr(dynamo, k, v)
+
+
+def _modes(settings: dict[str, Any]) -> dict[str, bool]:
+    return {"eager": False, "compiled": True} if settings["compile"] else {"eager": False}
+
+
+def _run(settings: dict[str, Any], device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+    variants = [parse_variant(label) for label in settings["schemes"]]
+    sync = synchronizer(device)
+    results: dict[str, Any] = {"machine": machine_info(device), "settings": settings}
+    parts = settings["parts"]
+    if "sites" in parts or "memory" in parts:
+        _sites(results, variants, settings, device, dtype, sync)
+    if "tanh" in parts and device.type == "cpu":
+        shape = (8, 256, 256)
+        results["tanh"] = {"shape": list(shape), "formulations": tanh_table(shape, settings["repeats"], False)}
+        if settings["compile"]:
+            compiled = tanh_table(shape, settings["repeats"], True)
+            for name, row in compiled.items():
+                results["tanh"]["formulations"][name]["compiled_ms"] = row["compiled_ms"]
+    if "train" in parts or "memory" in parts:
+        _train(results, variants, settings, device, dtype, sync)
+    if "generate" in parts:
+        _generate(results, variants, settings, device, dtype, sync)
+    results["summary"] = _summary(results)
+    return results
+
+
+def _sites(results, variants: list[Variant], settings, device, dtype, sync) -> None:
+    timed = "sites" in settings["parts"]
+    for dim in settings["site_dims"]:
+        key = f"d{dim}"
+        for mode, use_compile in _modes(settings).items():
+            steps = {}
+            for v in variants:
+                norms = block_norms(v, dim, 16, device, dtype)
+                step, forward = site_step(norms, settings["site_tokens"], use_compile, device, dtype)
+                steps[v.label] = step
+                if "memory" in settings["parts"] and dim == settings["site_dims"][0]:
+                    step()  # compile first, so the count sees the compiled graph's saved tensors
+                    nbytes = saved_activation_bytes(forward, norms.parameters())
+                    results.setdefault("memory", {}).setdefault(v.label, {})[f"sites_{key}_{mode}"] = nbytes
+            if timed:
+                samples = interleaved(steps, settings["repeats"], warmup=1, sync=sync)
+                results.setdefault("sites", {}).setdefault(key, {})[mode] = time_entries(samples)
+
+
+def _train(results, variants: list[Variant], settings, device, dtype, sync) -> None:
+    B, T = settings["batch"], settings["seq_len"]
+    timed = "train" in settings["parts"]
+    for mode, use_compile in _modes(settings).items():
+        steps = {}
+        for v in variants:
+            model = build_model(settings["preset"], v, settings["overrides"], device, dtype)
+            if use_compile:
+                compile_blocks(model)
+            step, forward_loss = train_step(model, B, T, model.config.vocab_size)
+            steps[v.label] = step
+            if "memory" in settings["parts"]:
+                step()
+                nbytes = saved_activation_bytes(forward_loss, model.parameters())
+                results.setdefault("memory", {}).setdefault(v.label, {})[f"train_step_{mode}"] = nbytes
+            if settings["peers"] and v.label == "rmsnorm" and not use_compile:
+                hf = hf_peer(model)
+                steps[PEER], _ = train_step(hf, B, T, model.config.vocab_size, hf=True)
+        if timed:
+            samples = interleaved(steps, settings["repeats"], warmup=1, sync=sync)
+            medians = {n: median(s) for n, s in samples.items()}
+            results.setdefault("train_step", {})[mode] = throughput_entries(medians, B * T, samples)
+
+
+def _generate(results, variants: list[Variant], settings, device, dtype, sync) -> None:
+    B, P, N = settings["gen_batch"], settings["prompt_len"], settings["new_tokens"]
+    prefill, generate = {}, {}
+    for v in variants:
+        model = build_model(settings["preset"], v, settings["overrides"], device, dtype)
+        prefill[v.label], generate[v.label] = generation_fns(model, B, P, N, model.config.vocab_size)
+        if settings["peers"] and v.label == "rmsnorm":
+            hf = hf_peer(model)
+            prefill[PEER], generate[PEER] = generation_fns(hf, B, P, N, model.config.vocab_size, hf=True)
+    candidates = {f"prefill/{n}": f for n, f in prefill.items()} | {f"generate/{n}": f for n, f in generate.items()}
+    samples = interleaved(candidates, settings["repeats"], warmup=1, sync=sync)
+    t_prefill = {n: median(samples[f"prefill/{n}"]) for n in prefill}
+    t_decode = {n: median(samples[f"generate/{n}"]) - t_prefill[n] for n in generate}
+    results.setdefault("generation", {})["eager"] = {
+        "prefill": throughput_entries(t_prefill, B * P, {n: samples[f"prefill/{n}"] for n in prefill}),
+        "decode": throughput_entries(t_decode, B * (N - 1), {n: samples[f"generate/{n}"] for n in generate}),
+    }
+
+
+def _summary(results: dict[str, Any]) -> dict[str, dict[str, float | None]]:
+    """The issue's comparisons, each ours next to the paper's where it published one."""
+    out: dict[str, dict[str, float | None]] = {}
+
+    def ratio(section: dict, a: str, b: str, field: str) -> float | None:
+        if a in section and b in section:
+            return section[a][field] / section[b][field]
+        return None
+
+    for mode, entries in results.get("train_step", {}).items():
+        out[f"train {mode}: bhyt / rmsnorm tokens/s"] = {
+            "ours": ratio(entries, "bhyt", "rmsnorm", "tokens_per_s"),
+            "paper": PAPER["train_bhyt_vs_rmsnorm"],
+        }
+        out[f"train {mode}: bhyt / bhyt_exact tokens/s"] = {
+            "ours": ratio(entries, "bhyt", "bhyt_exact", "tokens_per_s"),
+            "paper": PAPER["train_bhyt_vs_bhyt_exact"],
+        }
+        peer = results["train_step"]["eager"]
+        if PEER in peer and "rmsnorm" in entries:
+            out[f"train {mode}: ours rmsnorm / transformers eager tokens/s"] = {
+                "ours": entries["rmsnorm"]["tokens_per_s"] / peer[PEER]["tokens_per_s"],
+                "paper": None,
+            }
+    for key, by_mode in results.get("sites", {}).items():
+        for mode, entries in by_mode.items():
+            out[f"sites {key} {mode}: bhyt_exact / bhyt time"] = {
+                "ours": ratio(entries, "bhyt_exact", "bhyt", "median_s"),
+                "paper": PAPER["train_bhyt_vs_bhyt_exact"],
+            }
+            out[f"sites {key} {mode}: bhyt / dyt time"] = {"ours": ratio(entries, "bhyt", "dyt", "median_s")}
+            out[f"sites {key} {mode}: bhyt / rmsnorm time"] = {"ours": ratio(entries, "bhyt", "rmsnorm", "median_s")}
+    for mode, parts in results.get("generation", {}).items():
+        dec = parts["decode"]
+        out[f"decode {mode}: bhyt / rmsnorm tokens/s"] = {
+            "ours": ratio(dec, "bhyt", "rmsnorm", "tokens_per_s"),
+            "paper": PAPER["generate_bhyt_vs_rmsnorm"],
+        }
+        out[f"decode {mode}: bhyt / peri_ln tokens/s"] = {
+            "ours": ratio(dec, "bhyt", "peri_ln", "tokens_per_s"),
+            "paper": PAPER["generate_bhyt_vs_peri_ln"],
+        }
+        out[f"decode {mode}: ours rmsnorm / transformers tokens/s"] = {
+            "ours": ratio(dec, "rmsnorm", PEER, "tokens_per_s"),
+            "paper": None,
+        }
+    for item in out.values():
+        item.setdefault("paper", None)
+    return out

@@ -1,0 +1,127 @@
+"""Result entries (medians and their ratios to ``rmsnorm``) and the markdown tables.
+
+Two ratio names, so the direction is never ambiguous: ``time_vs_rmsnorm`` is a quotient of
+median times (below 1 is faster), ``throughput_vs_rmsnorm`` a quotient of tokens/s (above 1 is
+faster). Both are computed from the medians of one interleaved run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bhyt_pl.bench.timing import median
+
+__all__ = ["PAPER", "markdown", "throughput_entries", "time_entries"]
+
+BASELINE = "rmsnorm"
+
+# spec section 7 (Llama-1B, GPU; hardware and batch not published)
+PAPER = {
+    "train_bhyt_vs_rmsnorm": 83.0 / 81.7,
+    "generate_bhyt_vs_rmsnorm": 1.0177,
+    "generate_bhyt_vs_peri_ln": 1.18,
+    "train_bhyt_vs_bhyt_exact": 0.381 / 0.335,
+}
+
+
+def time_entries(samples: dict[str, list[float]], baseline: str = BASELINE) -> dict[str, dict[str, Any]]:
+    """name -> {samples_s, median_s, time_vs_rmsnorm}; the ratio is None without the baseline."""
+    base = median(samples[baseline]) if baseline in samples else None
+    out = {}
+    for name, s in samples.items():
+        m = median(s)
+        out[name] = {"samples_s": s, "median_s": m, "time_vs_rmsnorm": m / base if base else None}
+    return out
+
+
+def throughput_entries(
+    seconds: dict[str, float], tokens: int, samples: dict[str, list[float]] | None = None, baseline: str = BASELINE
+) -> dict[str, dict[str, Any]]:
+    """name -> {median_s, tokens_per_s, throughput_vs_rmsnorm} from per-candidate median seconds."""
+    out = {}
+    for name, sec in seconds.items():
+        entry: dict[str, Any] = {"median_s": sec, "tokens_per_s": tokens / sec}
+        if samples is not None:
+            entry["samples_s"] = samples[name]
+        out[name] = entry
+    for entry in out.values():
+        base = out.get(baseline)
+        entry["throughput_vs_rmsnorm"] = entry["tokens_per_s"] / base["tokens_per_s"] if base else None
+    return out
+
+
+def _fmt(x: float | None, spec: str = ".2f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """The per-scheme table (one row per scheme) and the peer lines, as markdown."""
+    s = results["settings"]
+    cols: list[tuple[str, Any]] = []  # (header, getter(label) -> str)
+    for key, by_mode in results.get("sites", {}).items():
+        for mode, entries in by_mode.items():
+            cols.append(
+                (
+                    f"sites {key} {mode} ms (x rms)",
+                    lambda v, e=entries: (
+                        f"{e[v]['median_s'] * 1e3:.1f} ({_fmt(e[v]['time_vs_rmsnorm'])})" if v in e else "-"
+                    ),
+                )
+            )
+    for mode, entries in results.get("train_step", {}).items():
+        cols.append(
+            (
+                f"train {mode} tok/s (x rms)",
+                lambda v, e=entries: (
+                    f"{e[v]['tokens_per_s']:.0f} ({_fmt(e[v]['throughput_vs_rmsnorm'])})" if v in e else "-"
+                ),
+            )
+        )
+    for mode, parts in results.get("generation", {}).items():
+        for part in ("prefill", "decode"):
+            cols.append(
+                (
+                    f"{part} {mode} tok/s (x rms)",
+                    lambda v, e=parts[part]: (
+                        f"{e[v]['tokens_per_s']:.1f} ({_fmt(e[v]['throughput_vs_rmsnorm'])})" if v in e else "-"
+                    ),
+                )
+            )
+    memory = results.get("memory", {})
+    if memory:
+        mem_keys = sorted({k for m in memory.values() for k in m})
+        for k in mem_keys:
+            cols.append(
+                (f"{k} MiB", lambda v, k=k: _fmt(memory.get(v, {}).get(k, None) and memory[v][k] / 2**20, ".1f"))
+            )
+    labels = list(s["schemes"])
+    for section in ("train_step", "generation"):
+        for entries in results.get(section, {}).values():
+            entries = entries.get("decode", entries)
+            labels += [n for n in entries if n not in labels]
+    lines = [
+        f"Settings: preset `{s['preset']}`, {s['device']} {s['dtype']}, {s['threads']} thread(s), "
+        f"train batch {s['batch']} x {s['seq_len']} tokens, sites at d = {s['site_dims']} with {s['site_tokens']} "
+        f"tokens, generation batch {s['gen_batch']}: {s['prompt_len']}-token prompt + {s['new_tokens']} new tokens, "
+        f"{s['repeats']} interleaved repetitions, medians; ratios are to `rmsnorm` in the same run.",
+        "",
+        "| scheme | " + " | ".join(h for h, _ in cols) + " |",
+        "|---|" + "---|" * len(cols),
+    ]
+    for v in labels:
+        lines.append(f"| {v} | " + " | ".join(get(v) for _, get in cols) + " |")
+    summary = results.get("summary", {})
+    if summary:
+        lines += ["", "| comparison | ours | paper |", "|---|---|---|"]
+        for name, item in summary.items():
+            lines.append(f"| {name} | {_fmt(item.get('ours'), '.3f')} | {_fmt(item.get('paper'), '.3f')} |")
+    tanh = results.get("tanh")
+    if tanh:
+        lines += ["", "| tanh formulation (fp32, " + str(tanh["shape"]) + ") | eager ms | compiled ms | max rel err |"]
+        lines.append("|---|---|---|---|")
+        for name, t in tanh["formulations"].items():
+            lines.append(
+                f"| {name} | {_fmt(t.get('eager_ms'), '.3f')} | {_fmt(t.get('compiled_ms'), '.3f')} | "
+                f"{t['max_rel_error']:.1e} |"
+            )
+    return "\n".join(lines) + "\n"

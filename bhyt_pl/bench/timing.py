@@ -1,0 +1,99 @@
+"""Interleaved repetitions and medians: the only timing primitive of the benchmark.
+
+On a shared CPU, run-to-run drift is larger than the differences between norm schemes, so every
+comparison is made inside one run: each repetition times every candidate once, in a rotated order,
+and a candidate's figure is the median of its repetitions. Ratios are quotients of medians.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+__all__ = ["interleaved", "machine_info", "median", "synchronizer"]
+
+
+def synchronizer(device: torch.device) -> Callable[[], None]:
+    """A function that waits for queued work on ``device`` (a no-op on CPU)."""
+    if device.type == "cuda":
+        return torch.cuda.synchronize
+    return lambda: None
+
+
+def interleaved(
+    candidates: dict[str, Callable[[], object]],
+    repeats: int,
+    warmup: int = 1,
+    sync: Callable[[], None] = lambda: None,
+) -> dict[str, list[float]]:
+    """Seconds per call of each candidate, ``repeats`` samples each, interleaved.
+
+    Repetition ``r`` starts at candidate ``r mod n`` so that no candidate always runs first (after
+    another one has warmed, or polluted, the caches). The garbage collector is off while timing.
+
+    Args:
+        candidates: name -> a callable doing one unit of work.
+        repeats: samples per candidate.
+        warmup: untimed calls of each candidate first (compilation, allocator warm-up).
+        sync: called before reading the clock (``torch.cuda.synchronize`` on GPU).
+
+    Returns:
+        name -> list of ``repeats`` durations in seconds.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    names = list(candidates)
+    for _ in range(warmup):
+        for name in names:
+            candidates[name]()
+    sync()
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for r in range(repeats):
+            k = r % len(names)
+            for name in names[k:] + names[:k]:
+                sync()
+                start = time.perf_counter()
+                candidates[name]()
+                sync()
+                samples[name].append(time.perf_counter() - start)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return samples
+
+
+def median(samples: list[float]) -> float:
+    return statistics.median(samples)
+
+
+def machine_info(device: torch.device) -> dict[str, object]:
+    """What the numbers were measured on: CPU model, threads, versions, accelerator."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    info: dict[str, object] = {
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "device": str(device),
+    }
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+        info["cuda"] = torch.version.cuda
+    return info

@@ -1,0 +1,156 @@
+"""``python -m bhyt_pl bench``: the command runs, the JSON has its fields, ratios are quotients of medians.
+
+No timing assertions: only behaviour (tiny preset, 2 repetitions, eager only).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import runpy
+import statistics
+import sys
+
+import pytest
+import torch
+
+from bhyt_pl.bench import gpu, main
+from bhyt_pl.bench.command import PEER
+from bhyt_pl.bench.memory import saved_activation_bytes
+from bhyt_pl.bench.timing import interleaved
+from bhyt_pl.bench.variants import parse_variant
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str]:
+    out = tmp_path_factory.mktemp("bench") / "bench.json"
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        rc = main(
+            [
+                "--quick",
+                "--no-compile",
+                "--parts",
+                "sites,train,generate,memory",
+                "--schemes",
+                "bhyt",
+                "bhyt:impl=fused",
+                "dyt",
+                "--json",
+                str(out),
+            ]
+        )
+    assert rc == 0
+    return json.loads(out.read_text()), buffer.getvalue()
+
+
+def test_json_has_machine_settings_and_every_scheme(quick_run) -> None:
+    results, _ = quick_run
+    assert {"cpu", "torch_threads", "torch", "device"} <= set(results["machine"])
+    settings = results["settings"]
+    assert settings["schemes"] == ["rmsnorm", "bhyt", "bhyt:impl=fused", "dyt"]  # rmsnorm added first
+    assert settings["repeats"] == 2 and settings["compile"] is False
+    assert set(results["sites"]["d64"]["eager"]) == set(settings["schemes"])
+    assert set(results["train_step"]["eager"]) == {*settings["schemes"], PEER}
+    assert set(results["generation"]["eager"]["decode"]) == {*settings["schemes"], PEER}
+    for label in settings["schemes"]:
+        assert results["memory"][label]["train_step_eager"] > 0
+        assert results["memory"][label]["sites_d64_eager"] > 0
+    assert "compiled" not in results["train_step"]
+
+
+def test_ratios_are_quotients_of_medians(quick_run) -> None:
+    results, _ = quick_run
+    sites = results["sites"]["d64"]["eager"]
+    base = statistics.median(sites["rmsnorm"]["samples_s"])
+    for entry in sites.values():
+        assert len(entry["samples_s"]) == 2
+        assert entry["median_s"] == statistics.median(entry["samples_s"])
+        assert entry["time_vs_rmsnorm"] == pytest.approx(entry["median_s"] / base)
+    train = results["train_step"]["eager"]
+    tokens = results["settings"]["batch"] * results["settings"]["seq_len"]
+    for entry in train.values():
+        assert entry["tokens_per_s"] == pytest.approx(tokens / statistics.median(entry["samples_s"]))
+        assert entry["throughput_vs_rmsnorm"] == pytest.approx(train["rmsnorm"]["median_s"] / entry["median_s"])
+    decode = results["generation"]["eager"]["decode"]
+    prefill = results["generation"]["eager"]["prefill"]
+    s = results["settings"]
+    for name, entry in decode.items():
+        seconds = statistics.median(entry["samples_s"]) - prefill[name]["median_s"]  # generate - prefill
+        assert entry["tokens_per_s"] == pytest.approx(s["gen_batch"] * (s["new_tokens"] - 1) / seconds)
+    summary = results["summary"]["train eager: bhyt / rmsnorm tokens/s"]
+    assert summary["ours"] == pytest.approx(train["bhyt"]["throughput_vs_rmsnorm"])
+
+
+def test_fused_sites_save_less_than_reference(quick_run) -> None:
+    memory = quick_run[0]["memory"]
+    assert memory["bhyt:impl=fused"]["sites_d64_eager"] <= memory["rmsnorm"]["sites_d64_eager"]
+    assert memory["bhyt:impl=fused"]["sites_d64_eager"] < memory["bhyt"]["sites_d64_eager"]
+
+
+def test_markdown_table_printed(quick_run) -> None:
+    _, printed = quick_run
+    assert "| scheme |" in printed and "| bhyt:impl=fused |" in printed and f"| {PEER} |" in printed
+    assert "interleaved repetitions" in printed
+
+
+def test_help_and_dry_run(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    assert "--schemes" in capsys.readouterr().out
+    assert main(["--dry-run", "--schemes", "bhyt_exact", "--threads", "2"]) == 0
+    settings = json.loads(capsys.readouterr().out)
+    assert settings["schemes"] == ["rmsnorm", "bhyt_exact"] and settings["threads"] == 2
+
+
+def test_bad_arguments_are_reported(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--schemes", "batchnorm", "--dry-run"])
+    assert "unknown scheme 'batchnorm'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--parts", "sites,flops", "--dry-run"])
+    assert "unknown ['flops']" in capsys.readouterr().err
+
+
+def test_parse_variant() -> None:
+    v = parse_variant("bhyt:impl=fused,lambda_attn=1.0,stat=meanstd")
+    assert (v.norm, v.norm_args) == ("bhyt", {"impl": "fused", "lambda_attn": 1.0, "stat": "meanstd"})
+    with pytest.raises(ValueError, match="must be key=value"):
+        parse_variant("bhyt:fused")
+    with pytest.raises(ValueError, match="impl must be one of"):
+        parse_variant("bhyt:impl=fast")
+
+
+def test_interleaved_rotates_the_order() -> None:
+    calls: list[str] = []
+    fns = {n: (lambda n=n: calls.append(n)) for n in "abc"}
+    samples = interleaved(fns, repeats=3, warmup=1)
+    assert {n: len(s) for n, s in samples.items()} == {"a": 3, "b": 3, "c": 3}
+    assert calls[3:] == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]  # after one warm-up round
+    with pytest.raises(ValueError, match="repeats must be >= 1"):
+        interleaved(fns, repeats=0)
+
+
+def test_saved_activation_bytes_counts_storages_once_and_skips_parameters() -> None:
+    w = torch.nn.Parameter(torch.ones(16))
+    x = torch.randn(4, 16, requires_grad=True)
+    assert saved_activation_bytes(lambda: torch.exp(x), []) == x.nbytes  # exp saves its output
+    assert saved_activation_bytes(lambda: x * x, []) == x.nbytes  # one storage, saved twice
+    assert saved_activation_bytes(lambda: x * w, [w]) == x.nbytes  # the parameter is not counted
+
+
+def test_module_entry_point(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(sys, "argv", ["python -m bhyt_pl.bench", "--dry-run", "--quick"])
+    with pytest.raises(SystemExit) as exit_info:
+        runpy.run_module("bhyt_pl.bench", run_name="__main__")
+    assert exit_info.value.code == 0
+    assert json.loads(capsys.readouterr().out)["preset"] == "tiny"
+
+
+def test_gpu_script_dry_run(capsys: pytest.CaptureFixture[str]) -> None:
+    assert gpu.main(["--dry-run"]) == 0
+    settings = json.loads(capsys.readouterr().out)
+    assert settings["device"] == "cuda" and settings["dtype"] == "bfloat16" and settings["preset"] == "llama-374m"
+    assert settings["compile"] is True
