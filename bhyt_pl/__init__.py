@@ -1,7 +1,9 @@
 """bhyt_pl: BHyT (Bounded Hyperbolic Tanh) and its normalization baselines for Llama, on Lightning."""
 
+from bhyt_pl.checkpoint import LoadedModel, load_model
 from bhyt_pl.config import PRESETS, LlamaConfig
 from bhyt_pl.model import KVCache, Llama
+from bhyt_pl.module import LlamaLM
 from bhyt_pl.norms import NormScheme, build_norm_scheme, register_norm, registered_norms
 from bhyt_pl.optim import parameter_groups
 
@@ -10,8 +12,11 @@ __all__ = [
     "KVCache",
     "Llama",
     "LlamaConfig",
+    "LlamaLM",
+    "LoadedModel",
     "NormScheme",
     "build_norm_scheme",
+    "load_model",
     "parameter_groups",
     "register_norm",
     "registered_norms",

@@ -145,6 +145,9 @@ class NormScheme:
     """
 
     name: str = "<unregistered>"
+    needs_constant_refresh: bool = False
+    """True when ``BlockNorms.refresh_constants`` caches weight-derived values that go stale as the
+    weights train (BHyT's ``c``); training then adds the refresh callback automatically."""
 
     def block_norms(self, dim: int, layer_idx: int, n_layers: int) -> BlockNorms:
         """Build the norms of block ``layer_idx`` (0-based) of ``n_layers``, width ``dim``."""

@@ -1,0 +1,84 @@
+"""Keeps BHyT's cached constants ``c = ||W_V W_O||_F^2 / (T d)`` in step with the training weights."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.utilities import rank_zero_info
+from typing_extensions import override
+
+from bhyt_pl.model import Llama
+
+__all__ = ["NormConstantRefresh", "default_refresh_interval"]
+
+log = logging.getLogger(__name__)
+
+
+def default_refresh_interval(max_steps: int) -> int:
+    """``N = max(1, min(1000, max_steps // 50))`` optimizer steps (spec section 3)."""
+    return max(1, min(1000, max_steps // 50))
+
+
+class NormConstantRefresh(L.Callback):
+    """Recomputes every block's weight-derived norm constants from the current weights: at fit start
+    (after any checkpoint restore), and every ``every_n_steps`` optimizer steps.
+
+    ``LlamaLM`` adds it automatically when its norm scheme needs it (``bhyt``); add it yourself to
+    change the interval. Under FSDP2 every rank gathers the full value/output weights, so all ranks
+    end with the same ``c``.
+
+    Args:
+        every_n_steps: refresh interval in optimizer steps; None derives it from ``trainer.max_steps``
+            (or the estimated total) as ``max(1, min(1000, max_steps // 50))``; 0 disables the
+            periodic refresh (fit start and checkpoint loads still refresh).
+
+    Example:
+        >>> import lightning as L
+        >>> trainer = L.Trainer(callbacks=[NormConstantRefresh(every_n_steps=100)], max_steps=1)
+    """
+
+    def __init__(self, every_n_steps: int | None = None) -> None:
+        if every_n_steps is not None and every_n_steps < 0:
+            raise ValueError(f"every_n_steps must be >= 0 or None, got {every_n_steps}")
+        self.every_n_steps = every_n_steps
+        self.interval = 0
+        self.refreshes = 0
+        self._last_step = -1
+
+    @override
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self.every_n_steps is not None:
+            self.interval = self.every_n_steps
+        else:
+            total = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
+            if total is None and stage == "fit":
+                estimated = trainer.estimated_stepping_batches
+                total = int(estimated) if estimated != float("inf") else 50_000
+            self.interval = default_refresh_interval(total or 50_000)
+
+    def refresh(self, pl_module: L.LightningModule) -> None:
+        for module in pl_module.modules():
+            if isinstance(module, Llama):
+                module.refresh_norm_constants()
+        self.refreshes += 1
+
+    @override
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.refresh(pl_module)
+        self._last_step = trainer.global_step
+        rank_zero_info(f"NormConstantRefresh: refreshing norm constants every {self.interval} optimizer steps")
+
+    @override
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        step = trainer.global_step  # counts optimizer steps: unchanged while gradients accumulate
+        if self.interval and step != self._last_step and step % self.interval == 0:
+            self.refresh(pl_module)
+        self._last_step = step
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"every_n_steps": self.every_n_steps}

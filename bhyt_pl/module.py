@@ -1,0 +1,252 @@
+"""``LlamaLM``: the LightningModule that trains a registry-normed Llama on ``input_ids``/``labels`` batches."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_warn
+from torchmetrics import MeanMetric
+
+from bhyt_pl.config import LlamaConfig
+from bhyt_pl.model import Llama
+from bhyt_pl.norms import NormScheme, build_norm_scheme
+from bhyt_pl.optim import cosine_with_warmup, parameter_groups
+
+__all__ = ["LlamaLM", "training_flops_per_token"]
+
+log = logging.getLogger(__name__)
+
+
+def training_flops_per_token(config: LlamaConfig, seq_len: int) -> float:
+    """Matmul FLOPs of one training token (forward + backward = 3x forward).
+
+    Forward per token: ``2 * (matmul parameters incl. the output projection)`` plus attention
+    scores and values, ``2 * 2 * L * H * hd * T`` (full, not causal-halved, as
+    ``torch.utils.flop_counter`` counts ``scaled_dot_product_attention``). Norms and other
+    element-wise work are not counted (MFU convention).
+    """
+    c = config
+    per_layer = c.dim * c.head_dim * (2 * c.n_heads + 2 * c.n_kv_heads) + 3 * c.dim * c.mlp_dim
+    matmul_params = c.n_layers * per_layer + c.vocab_size * c.dim
+    attention = 2 * 2 * c.n_layers * c.n_heads * c.head_dim * seq_len
+    return 3.0 * (2.0 * matmul_params + attention)
+
+
+class LlamaLM(L.LightningModule):
+    """Causal language modelling with a Llama whose norms come from the registry.
+
+    Made to be subclassed: override ``compute_loss`` (e.g. add an auxiliary term) or any hook.
+
+    Args:
+        preset: model preset (``bhyt_pl.PRESETS``): ``tiny``, ``llama-1b``, ...
+        overrides: ``LlamaConfig`` fields that replace the preset's, e.g. ``{"n_layers": 8}``.
+        norm: a registered norm name (``rmsnorm``, ``bhyt``, ...) or a ``NormScheme`` instance
+            (``class_path``/``init_args`` in YAML) for a tuned or custom scheme.
+        norm_args: constructor arguments for a norm given by name, e.g. ``{"lambda_attn": 1.0}``.
+        seq_len: training sequence length; linked from the data module by the CLI. Sets BHyT's ``T``
+            (``c = ||W_V W_O||_F^2 / (T d)``) unless ``norm_args`` sets ``seq_len`` itself.
+        tokenizer: tokenizer name or path the data uses; linked by the CLI and stored in checkpoints
+            so evaluation can rebuild it.
+        lr: peak learning rate.
+        min_lr_ratio: the cosine schedule ends at ``lr * min_lr_ratio``.
+        warmup_ratio: linear warmup over this fraction of the total optimizer steps.
+        warmup_steps: warmup length in steps; overrides ``warmup_ratio`` when set.
+        weight_decay: AdamW weight decay on matrices; never on norm parameters (``parameter_groups``).
+        betas: AdamW betas.
+        adam_eps: AdamW epsilon.
+        init_checkpoint: start from the weights of this ``LlamaLM`` checkpoint (e.g. for SFT). The
+            architecture and norm then come from the checkpoint; ``overrides`` still apply on top
+            (e.g. a longer ``max_seq_len``), while ``preset``, ``norm`` and ``norm_args`` are ignored.
+        compile: ``torch.compile`` each block (before any sharding).
+    """
+
+    def __init__(
+        self,
+        preset: str = "tiny",
+        overrides: dict[str, Any] | None = None,
+        norm: str | NormScheme = "rmsnorm",
+        norm_args: dict[str, Any] | None = None,
+        seq_len: int | None = None,
+        tokenizer: str | None = None,
+        lr: float = 3e-4,
+        min_lr_ratio: float = 0.1,
+        warmup_ratio: float = 0.05,
+        warmup_steps: int | None = None,
+        weight_decay: float = 0.1,
+        betas: tuple[float, float] = (0.9, 0.95),
+        adam_eps: float = 1e-8,
+        init_checkpoint: str | None = None,
+        compile: bool = False,
+    ) -> None:
+        super().__init__()
+        problems = []
+        if not lr > 0:
+            problems.append(f"lr must be > 0, got {lr}")
+        if not 0 <= min_lr_ratio <= 1:
+            problems.append(f"min_lr_ratio must be in [0, 1], got {min_lr_ratio}")
+        if not 0 <= warmup_ratio < 1:
+            problems.append(f"warmup_ratio must be in [0, 1), got {warmup_ratio}")
+        if warmup_steps is not None and warmup_steps < 0:
+            problems.append(f"warmup_steps must be >= 0, got {warmup_steps}")
+        if weight_decay < 0:
+            problems.append(f"weight_decay must be >= 0, got {weight_decay}")
+        if not all(0 <= b < 1 for b in betas):
+            problems.append(f"betas must be in [0, 1), got {betas}")
+        if problems:
+            raise ValueError("invalid LlamaLM arguments:\n  - " + "\n  - ".join(problems))
+        if init_checkpoint:
+            from bhyt_pl.checkpoint import read_model_config
+
+            config = read_model_config(init_checkpoint)
+            self.config = LlamaConfig(**{**config.to_dict(), **(overrides or {})})
+        else:
+            self.config = self.build_config(preset, overrides or {}, norm, norm_args or {}, seq_len)
+        # hyperparameters are plain data: the norm is stored as its registry name and arguments
+        self.save_hyperparameters(ignore=["norm", "norm_args"])
+        self.hparams["norm"] = self.config.norm
+        self.hparams["norm_args"] = dict(self.config.norm_args)
+        self.model: Llama | None = None
+        self.val_loss = MeanMetric()
+        self.test_loss = MeanMetric()
+        self.flops_per_batch: float | None = None
+        self._flops_shape: tuple[int, int] | None = None
+
+    # ------------------------------------------------------------------ config and model
+    @staticmethod
+    def build_config(
+        preset: str, overrides: dict[str, Any], norm: str | NormScheme, norm_args: dict[str, Any], seq_len: int | None
+    ) -> LlamaConfig:
+        """Resolve preset + overrides + norm into one validated ``LlamaConfig`` (fails before any work)."""
+        if isinstance(norm, NormScheme):
+            if norm_args:
+                raise ValueError("norm_args is only for a norm given by name; put them in the scheme's init_args")
+            name, args = norm.name, norm.hparams()
+            if seq_len is not None and "seq_len" in args and args["seq_len"] != seq_len:
+                rank_zero_warn(f"{name}: seq_len={args['seq_len']} differs from the training seq_len={seq_len}")
+        else:
+            name, args = norm, dict(norm_args)
+            scheme_cls = type(build_norm_scheme(name, **args))
+            takes_seq_len = "seq_len" in inspect.signature(scheme_cls.__init__).parameters
+            if seq_len is not None and takes_seq_len and "seq_len" not in args:
+                args["seq_len"] = seq_len  # BHyT's T is the training sequence length (spec section 3)
+        config = LlamaConfig.from_name(preset, **{**overrides, "norm": name, "norm_args": args})
+        if seq_len is not None and seq_len > config.max_seq_len:
+            raise ValueError(
+                f"seq_len={seq_len} exceeds the model's max_seq_len={config.max_seq_len}; "
+                "raise it with model.overrides: {max_seq_len: ...}"
+            )
+        return config
+
+    def configure_model(self) -> None:
+        """Build the model here (not in ``__init__``) so sharded strategies can build it on the meta device."""
+        if self.model is not None:
+            return
+        self.model = Llama(self.config)
+        if self.hparams.init_checkpoint:
+            from bhyt_pl.checkpoint import load_model_state
+
+            self.model.load_state_dict(load_model_state(self.hparams.init_checkpoint))
+        if self.hparams.compile:
+            for layer in self.model.layers:
+                layer.compile()  # in place: state-dict keys stay unprefixed
+
+    def configure_callbacks(self) -> list[L.Callback]:
+        """Callbacks the model itself needs (added automatically): the norm-constant refresh for BHyT."""
+        try:
+            from bhyt_pl.callbacks import NormConstantRefresh
+        except ImportError:  # the callbacks package is optional for subclasses that strip it
+            return []
+        if self.config.norm_scheme().needs_constant_refresh:
+            return [NormConstantRefresh()]
+        return []
+
+    def refresh_norm_constants(self) -> None:
+        """Recompute weight-derived norm constants (BHyT's ``c``) from the current weights."""
+        if self.model is not None:
+            self.model.refresh_norm_constants()
+
+    # ------------------------------------------------------------------ steps
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids)
+
+    def compute_loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean next-token cross-entropy over supervised positions, and their count.
+
+        ``batch["labels"][:, t]`` is the target at position t; -100 marks unsupervised positions.
+        """
+        logits = self(batch["input_ids"])  # [B, T, V]
+        labels = batch["labels"]
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
+        return loss, (labels != -100).sum()
+
+    def _update_flops(self, batch: dict[str, torch.Tensor]) -> None:
+        shape = tuple(batch["input_ids"].shape)
+        if shape != self._flops_shape:
+            self._flops_shape = shape
+            self.flops_per_batch = shape[0] * shape[1] * training_flops_per_token(self.config, shape[1])
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        self._update_flops(batch)
+        loss, _ = self.compute_loss(batch)
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/perplexity", torch.exp(loss.detach().clamp(max=30)))
+        return loss
+
+    def on_validation_epoch_start(self) -> None:
+        # fresh states in this loop's grad mode: a previous ``trainer.validate`` ran under inference
+        # mode, and its inference tensors cannot be updated by fit's validation (no_grad mode)
+        self.val_loss.reset()
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        loss, n = self.compute_loss(batch)
+        self.val_loss.update(loss, weight=n)  # token-weighted mean over the whole validation set
+        self.log("val/loss", self.val_loss, prog_bar=True)
+
+    def on_validation_epoch_end(self) -> None:
+        # logged after the metric above is computed and synced; exp of the token-level mean NLL
+        self.log("val/perplexity", torch.exp(self.val_loss.compute().clamp(max=30)))
+
+    def on_test_epoch_start(self) -> None:
+        self.test_loss.reset()
+
+    def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        loss, n = self.compute_loss(batch)
+        self.test_loss.update(loss, weight=n)
+        self.log("test/loss", self.test_loss)
+
+    def on_test_epoch_end(self) -> None:
+        self.log("test/perplexity", torch.exp(self.test_loss.compute().clamp(max=30)))
+
+    def predict_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> dict[str, torch.Tensor]:
+        """Per-sequence summed negative log-likelihood and supervised token count (document scoring)."""
+        logits = self(batch["input_ids"]).float()
+        labels = batch["labels"]
+        nll = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100, reduction="none")  # [B, T]
+        return {"nll": nll.sum(dim=1), "tokens": (labels != -100).sum(dim=1)}
+
+    # ------------------------------------------------------------------ optimisation
+    def configure_optimizers(self) -> dict[str, Any]:
+        hp = self.hparams
+        optimizer = torch.optim.AdamW(
+            parameter_groups(self.model, hp.weight_decay), lr=hp.lr, betas=tuple(hp.betas), eps=hp.adam_eps
+        )
+        total = self.trainer.estimated_stepping_batches
+        if not math.isfinite(total) or total <= 0:
+            raise ValueError("LlamaLM needs a finite schedule: set trainer.max_steps (or max_epochs on finite data)")
+        total = int(total)
+        warmup = hp.warmup_steps if hp.warmup_steps is not None else int(hp.warmup_ratio * total)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: cosine_with_warmup(step, warmup, total, hp.min_lr_ratio)
+        )
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    # ------------------------------------------------------------------ checkpoints
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # a checkpoint carries the plain-data config so it can be rebuilt without this class's arguments
+        checkpoint["bhyt_pl"] = {"model_config": self.config.to_dict(), "tokenizer": self.hparams.tokenizer}

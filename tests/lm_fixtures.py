@@ -1,0 +1,64 @@
+"""Small, fast training fixtures shared by module and callback tests."""
+
+from __future__ import annotations
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+class _Windows(Dataset):
+    """Deterministic token windows with learnable structure (an arithmetic progression mod vocab)."""
+
+    def __init__(self, n: int, seq_len: int, vocab: int, seed: int) -> None:
+        g = torch.Generator().manual_seed(seed)
+        starts = torch.randint(0, vocab, (n, 1), generator=g)
+        steps = torch.randint(1, 4, (n, 1), generator=g)
+        self.windows = (starts + steps * torch.arange(seq_len + 1)) % vocab
+
+    def __len__(self) -> int:
+        return len(self.windows)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        w = self.windows[i]
+        return {"input_ids": w[:-1], "labels": w[1:]}
+
+
+class TokenDataModule(L.LightningDataModule):
+    """``input_ids``/``labels`` batches, the contract of ``C4DataModule`` without any file."""
+
+    def __init__(self, seq_len: int = 32, batch_size: int = 4, vocab: int = 64, n: int = 64) -> None:
+        super().__init__()
+        self.seq_len, self.batch_size, self.vocab, self.n = seq_len, batch_size, vocab, n
+        self.tokenizer = "embedded"
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(_Windows(self.n, self.seq_len, self.vocab, 0), batch_size=self.batch_size, shuffle=False)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(_Windows(16, self.seq_len, self.vocab, 1), batch_size=self.batch_size)
+
+
+TINY_OVERRIDES = {
+    "vocab_size": 64,
+    "dim": 32,
+    "n_layers": 2,
+    "n_heads": 4,
+    "n_kv_heads": 2,
+    "mlp_dim": 48,
+    "max_seq_len": 64,
+}
+
+
+def quiet_trainer(**kwargs) -> L.Trainer:
+    defaults = dict(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        max_steps=3,
+        num_sanity_val_steps=0,
+    )
+    return L.Trainer(**{**defaults, **kwargs})

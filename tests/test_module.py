@@ -1,0 +1,141 @@
+"""LlamaLM: loss, FLOPs, optimisation, subclassing, checkpoints."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from lightning.fabric.utilities.throughput import measure_flops
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lm_fixtures import TINY_OVERRIDES, TokenDataModule, quiet_trainer
+
+from bhyt_pl import Llama, LlamaConfig, LlamaLM, load_model
+from bhyt_pl.module import training_flops_per_token
+from bhyt_pl.optim import cosine_with_warmup
+
+
+def test_analytic_flops_match_measure_flops_on_meta() -> None:
+    for preset, overrides in [("tiny", {}), ("llama-374m", {"n_layers": 2})]:
+        config = LlamaConfig.from_name(preset, **overrides)
+        B, T = 2, 128
+        with torch.device("meta"):
+            model = Llama(config)
+            idx = torch.zeros(B, T, dtype=torch.long)
+        measured = measure_flops(model, lambda: model(idx), loss_fn=lambda y: y.sum())
+        assert B * T * training_flops_per_token(config, T) == pytest.approx(measured, rel=1e-9)
+
+
+def test_loss_is_shifted_cross_entropy_with_ignore_index() -> None:
+    lm = LlamaLM(overrides=TINY_OVERRIDES)
+    lm.configure_model()
+    ids = torch.randint(0, 64, (2, 9))
+    labels = ids.roll(-1, dims=1)
+    labels[:, :3] = -100  # a masked prompt
+    loss, n = lm.compute_loss({"input_ids": ids, "labels": labels})
+    logits = lm.model(ids)
+    kept = labels != -100
+    expected = -torch.log_softmax(logits, -1).gather(-1, labels.clamp(min=0)[..., None])[..., 0][kept].mean()
+    torch.testing.assert_close(loss, expected)
+    assert n == kept.sum()
+
+
+def test_cosine_schedule_hand_values() -> None:
+    assert cosine_with_warmup(0, 10, 110, 0.1) == pytest.approx(0.1)
+    assert cosine_with_warmup(9, 10, 110, 0.1) == pytest.approx(1.0)
+    assert cosine_with_warmup(10, 10, 110, 0.1) == pytest.approx(1.0)
+    assert cosine_with_warmup(60, 10, 110, 0.1) == pytest.approx(0.1 + 0.9 * 0.5)  # half way: cos = 0
+    assert cosine_with_warmup(110, 10, 110, 0.1) == pytest.approx(0.1)
+    assert cosine_with_warmup(500, 10, 110, 0.1) == pytest.approx(0.1)
+
+
+def test_optimizer_groups_schedule_and_no_decay_on_norms() -> None:
+    lm = LlamaLM(overrides=TINY_OVERRIDES, norm="dyt", lr=1e-2, warmup_steps=2, min_lr_ratio=0.0, weight_decay=0.3)
+    trainer = quiet_trainer(max_steps=4)
+    trainer.fit(lm, TokenDataModule())
+    opt = trainer.optimizers[0]
+    decay, no_decay = opt.param_groups
+    assert decay["weight_decay"] == 0.3 and no_decay["weight_decay"] == 0.0
+    names = {id(p): n for n, p in lm.model.named_parameters()}
+    assert {names[id(p)] for p in no_decay["params"]} >= {"emb_norm.scale", "layers.0.norms.attn_in.alpha"}
+    assert opt.defaults["betas"] == (0.9, 0.95)
+    # after 4 steps with warmup 2 and total 4: multiplier cos(pi * 2/2) -> 0
+    assert opt.param_groups[0]["lr"] == pytest.approx(1e-2 * cosine_with_warmup(4, 2, 4, 0.0))
+
+
+def test_subclass_with_auxiliary_loss_trains() -> None:
+    class ZLossLM(LlamaLM):
+        """PaLM's z-loss on top of cross-entropy, in a few lines."""
+
+        def compute_loss(self, batch):
+            logits = self(batch["input_ids"])
+            ce = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=-100)
+            z = torch.logsumexp(logits.float(), -1).pow(2).mean()
+            self.log("train/z_loss", z)
+            return ce + 1e-4 * z, (batch["labels"] != -100).sum()
+
+    lm = ZLossLM(overrides=TINY_OVERRIDES, norm="bhyt", lr=1e-2, warmup_steps=0)
+    trainer = quiet_trainer(max_steps=12, limit_val_batches=2, val_check_interval=12)
+    data = TokenDataModule()
+    lm.configure_model()
+    before = trainer.validate(lm, data, verbose=False)[0]["val/loss"]
+    trainer = quiet_trainer(max_steps=12)
+    trainer.fit(lm, data)
+    assert "train/z_loss" in trainer.callback_metrics
+    after = quiet_trainer().validate(lm, data, verbose=False)[0]["val/loss"]
+    assert after < before - 0.5
+
+
+def test_checkpoint_loads_back_with_one_call(tmp_path) -> None:
+    lm = LlamaLM(overrides=TINY_OVERRIDES, norm="bhyt", norm_args={"lambda_attn": 1.5}, tokenizer="embedded")
+    ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True)
+    trainer = quiet_trainer(max_steps=2, enable_checkpointing=True, callbacks=[ckpt], default_root_dir=tmp_path)
+    trainer.fit(lm, TokenDataModule())
+    loaded = load_model(tmp_path / "last.ckpt")
+    assert loaded.config == lm.config and loaded.tokenizer == "embedded"
+    assert loaded.config.norm_args == {"lambda_attn": 1.5}
+    idx = torch.randint(0, 64, (1, 16))
+    lm.model.refresh_norm_constants()
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.model(idx), lm.model.eval()(idx))
+    for a, b in zip(loaded.model.layers, lm.model.layers):
+        assert float(a.norms.c) == pytest.approx(float(b.norms.c))
+    # fine-tuning from it takes the architecture from the checkpoint
+    sft = LlamaLM(preset="llama-1b", init_checkpoint=str(tmp_path / "last.ckpt"), overrides={"max_seq_len": 128})
+    assert sft.config.norm == "bhyt" and sft.config.dim == 32 and sft.config.max_seq_len == 128
+    sft.configure_model()
+    torch.testing.assert_close(sft.model.embed.weight, lm.model.embed.weight)
+
+
+def test_seq_len_sets_bhyt_T_unless_given() -> None:
+    assert LlamaLM(overrides=TINY_OVERRIDES, norm="bhyt", seq_len=48).config.norm_args["seq_len"] == 48
+    lm = LlamaLM(overrides=TINY_OVERRIDES, norm="bhyt", norm_args={"seq_len": 16}, seq_len=48)
+    assert lm.config.norm_args["seq_len"] == 16
+    assert "seq_len" not in LlamaLM(overrides=TINY_OVERRIDES, norm="dyt", seq_len=48).config.norm_args
+    assert lm.hparams["norm"] == "bhyt" and lm.hparams["norm_args"]["seq_len"] == 16
+
+
+def test_bad_arguments_fail_at_construction() -> None:
+    with pytest.raises(ValueError, match=r"(?s)lr must be > 0.*min_lr_ratio must be in \[0, 1\]"):
+        LlamaLM(lr=-1.0, min_lr_ratio=2.0)
+    with pytest.raises(ValueError, match="unknown norm 'bhytt'"):
+        LlamaLM(norm="bhytt")
+    with pytest.raises(ValueError, match="seq_len=4096 exceeds the model's max_seq_len=512"):
+        LlamaLM(seq_len=4096)
+    with pytest.raises(ValueError, match="unknown model preset"):
+        LlamaLM(preset="gpt2")
+
+
+def test_perplexity_is_exp_of_token_weighted_val_loss() -> None:
+    lm = LlamaLM(overrides=TINY_OVERRIDES)
+    data = TokenDataModule()
+    lm.configure_model()
+    metrics = quiet_trainer().validate(lm, data, verbose=False)[0]
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for batch in data.val_dataloader():
+            loss, n = lm.compute_loss(batch)
+            total, count = total + loss.item() * n.item(), count + n.item()
+    assert metrics["val/loss"] == pytest.approx(total / count, rel=1e-5)
+    assert metrics["val/perplexity"] == pytest.approx(math.exp(total / count), rel=1e-5)
