@@ -1,5 +1,29 @@
-"""Lightning callbacks: norm-constant refresh (and, in their own modules, diagnostics)."""
+"""Lightning callbacks: depth-wise activation statistics, throughput/MFU/memory, norm-constant refresh.
 
-from bhyt_pl.callbacks.norm_refresh import NormConstantRefresh, default_refresh_interval
+YAML presets that append each of them to any recipe live in the top-level ``callbacks/`` directory.
+"""
 
-__all__ = ["NormConstantRefresh", "default_refresh_interval"]
+from bhyt_pl.callbacks.depth_stats import SITES, DepthStatsCollector, DepthStatsMonitor, depth_figures
+from bhyt_pl.callbacks.norm_refresh import NormConstantRefresh, default_refresh_interval, norm_refresh_callbacks
+from bhyt_pl.callbacks.throughput import (
+    PEAK_FLOPS,
+    TokenThroughputMonitor,
+    batch_samples,
+    batch_tokens,
+    peak_flops_for,
+)
+
+__all__ = [
+    "PEAK_FLOPS",
+    "SITES",
+    "DepthStatsCollector",
+    "DepthStatsMonitor",
+    "NormConstantRefresh",
+    "TokenThroughputMonitor",
+    "batch_samples",
+    "batch_tokens",
+    "default_refresh_interval",
+    "depth_figures",
+    "norm_refresh_callbacks",
+    "peak_flops_for",
+]

@@ -1,0 +1,393 @@
+"""Depth-wise activation statistics (spec section 6, the paper's Figure 3) measured on the training batch.
+
+On a logging step the callback registers forward hooks on every block and every norm site of the
+``Llama`` inside the LightningModule, lets the normal training forward run through them, removes
+them before the backward pass, reduces the sums across ranks and writes scalars and one
+value-against-depth figure per statistic from rank 0. On every other step no hook is attached.
+
+Statistics (all per token over the hidden dimension, averaged over the tokens of the batch, float32):
+
+- ``magnitude``: ``||y_t||_2`` of the block output ``y`` (the paper's "magnitude").
+- ``variance``: ``Var_d(y_t)`` (population variance, the paper's "variance").
+- ``max_abs``: ``max |y|`` over the whole batch (maximum over ranks).
+- ``angular_distance``: ``1 - cos(x_t, y_t)`` between block input and output (curse of depth: near 0
+  means the block barely changes the residual stream's direction).
+- ``site_rms/<site>``: ``sqrt(mean_d x_t^2)`` of the input of each norm site that is not an identity.
+- ``saturation/<site>``: fraction of tanh arguments with ``|arg| > saturation_threshold`` (tanh-based
+  sites: BHyT, DyT); for BHyT's site B the argument uses the approximated statistic, as the forward does.
+- ``lambda/<site>`` (BHyT) and ``alpha/<site>`` (DyT): the current learnable scalar.
+- ``bhyt_moment_ratio``: site B's approximated second moment ``m + c*lambda_A^2/kappa^2`` divided by
+  the exact ``mean_d h_t^2`` (``1.0`` means the approximation of spec section 3 is exact).
+
+Scalars are named ``depth/<stat>[/<site>]/layer_<ii>``; figures (TensorBoard only) ``depth/<stat>``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities import rank_zero_warn
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+from typing_extensions import override
+
+from bhyt_pl.model import Llama
+
+__all__ = ["DepthStatsMonitor", "DepthStatsCollector", "SITES"]
+
+log = logging.getLogger(__name__)
+
+SITES = ("attn_in", "attn_out", "mlp_in", "mlp_out")
+"""Norm-site submodules of ``Block.norms`` (``layers.<i>.norms.<site>``)."""
+
+
+class DepthStatsCollector:
+    """Accumulates per-layer statistics from hooks on one ``Llama`` for one or more forward passes.
+
+    Sums and token counts are kept separately so the cross-rank reduction is exact (sum the sums,
+    sum the counts, then divide); ``max_abs`` is reduced with a maximum.
+
+    Args:
+        model: the model to observe.
+        saturation_threshold: a tanh argument with ``|arg|`` above this counts as saturated.
+
+    Example:
+        >>> from bhyt_pl import Llama, LlamaConfig
+        >>> model = Llama(LlamaConfig.from_name("tiny", n_layers=2, norm="bhyt"))
+        >>> collector = DepthStatsCollector(model)
+        >>> with collector:
+        ...     _ = model(torch.randint(0, 100, (2, 16)))
+        >>> sorted(collector.compute())[:2]
+        ['angular_distance/layer_00', 'angular_distance/layer_01']
+    """
+
+    def __init__(self, model: Llama, saturation_threshold: float = 2.0) -> None:
+        self.model = model
+        self.saturation_threshold = saturation_threshold
+        self.width = max(2, len(str(len(model.layers) - 1)))
+        self._sums: dict[str, torch.Tensor] = {}
+        self._counts: dict[str, torch.Tensor] = {}
+        self._maxes: dict[str, torch.Tensor] = {}
+        self._handles: list[RemovableHandle] = []
+
+    # ------------------------------------------------------------------ hooks
+    def attach(self) -> None:
+        """Register the hooks (idempotent)."""
+        if self._handles:
+            return
+        for i, block in enumerate(self.model.layers):
+            layer = f"layer_{i:0{self.width}d}"
+            self._handles.append(block.register_forward_hook(self._block_hook(layer)))
+            norms = block.norms
+            for site_name in SITES:
+                site = getattr(norms, site_name, None)
+                if site is None or isinstance(site, nn.Identity):
+                    continue
+                approximated = site_name == "mlp_in" and getattr(norms, "approximate", False)
+                hook = self._site_hook(site_name, layer, approximated)
+                self._handles.append(site.register_forward_pre_hook(hook))
+
+    def detach(self) -> None:
+        """Remove every hook this collector registered."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    @property
+    def attached(self) -> bool:
+        return bool(self._handles)
+
+    @property
+    def empty(self) -> bool:
+        return not self._counts and not self._maxes
+
+    def __enter__(self) -> DepthStatsCollector:
+        self.attach()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.detach()
+
+    def _add(self, key: str, total: torch.Tensor, count: float | torch.Tensor) -> None:
+        total = total.detach().to(torch.float64)
+        if key in self._sums:
+            self._sums[key] = self._sums[key].to(total.device) + total
+            self._counts[key] = self._counts[key].to(total.device) + count
+        else:
+            self._sums[key] = total
+            self._counts[key] = torch.as_tensor(count, dtype=torch.float64, device=total.device)
+
+    def _max(self, key: str, value: torch.Tensor) -> None:
+        value = value.detach().to(torch.float64)
+        self._maxes[key] = torch.maximum(self._maxes[key].to(value.device), value) if key in self._maxes else value
+
+    def _block_hook(self, layer: str) -> Callable:
+        def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> None:
+            with torch.no_grad():
+                x = args[0].detach().float()  # [B, T, d], block input
+                y = output.detach().float()  # [B, T, d], block output
+                y2 = y.flatten(0, -2)  # [N, d], N tokens
+                n = y2.shape[0]
+                self._add(f"magnitude/{layer}", y2.norm(dim=-1).sum(), n)
+                self._add(f"variance/{layer}", y2.var(dim=-1, correction=0).sum(), n)
+                cosine = F.cosine_similarity(x.flatten(0, -2), y2, dim=-1, eps=1e-12)  # [N]
+                self._add(f"angular_distance/{layer}", (1.0 - cosine).sum(), n)
+                self._max(f"max_abs/{layer}", y2.abs().amax())
+
+        return hook
+
+    def _site_hook(self, site_name: str, layer: str, approximated: bool) -> Callable:
+        def hook(module: nn.Module, args: tuple) -> None:
+            with torch.no_grad():
+                x = args[0].detach()
+                xf = x.float().flatten(0, -2)  # [N, d]
+                n = xf.shape[0]
+                self._add(f"site_rms/{site_name}/{layer}", xf.pow(2).mean(dim=-1).sqrt().sum(), n)
+                preactivation = getattr(module, "preactivation", None)
+                if callable(preactivation):  # tanh-based site: the tanh argument as its forward computes it
+                    z = preactivation(*args).flatten(0, -2)  # [N, d]
+                    saturated = (z.abs() > self.saturation_threshold).float().mean(dim=-1)  # [N]
+                    self._add(f"saturation/{site_name}/{layer}", saturated.sum(), n)
+                for name, key in (("lambda_", "lambda"), ("alpha", "alpha")):
+                    value = getattr(module, name, None)
+                    if isinstance(value, torch.Tensor) and value.numel() == 1:
+                        self._add(f"{key}/{site_name}/{layer}", value.detach().reshape(()), 1)
+                if approximated and len(args) > 1 and hasattr(args[1], "spread"):
+                    # site B of BHyT: the statistic the forward received (approximate_stats of site A's)
+                    # against the exact one over h (spec section 3)
+                    exact = module.statistics(x).spread  # [..., 1]
+                    approx = args[1].spread.expand_as(exact)  # [..., 1]
+                    self._add(f"bhyt_moment_ratio/{layer}", (approx / exact.clamp_min(1e-30)).sum(), n)
+
+        return hook
+
+    # ------------------------------------------------------------------ results
+    def reset(self) -> None:
+        self._sums.clear()
+        self._counts.clear()
+        self._maxes.clear()
+
+    def compute(self, all_gather: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict[str, float]:
+        """Means (and maxima) per key, reduced over ranks when ``all_gather`` is given.
+
+        Args:
+            all_gather: maps a local tensor [K] to the stacked tensors of every rank [world, K]
+                (``trainer.strategy.all_gather``); every rank must call ``compute`` together.
+
+        Returns:
+            ``{"magnitude/layer_00": value, ...}``.
+        """
+        mean_keys, max_keys = sorted(self._sums), sorted(self._maxes)
+        device = next(iter(self._sums.values())).device if mean_keys else torch.device("cpu")
+        sums = torch.stack([self._sums[k].to(device) for k in mean_keys]) if mean_keys else torch.zeros(0)
+        counts = torch.stack([self._counts[k].to(device) for k in mean_keys]) if mean_keys else torch.zeros(0)
+        maxes = torch.stack([self._maxes[k].to(device) for k in max_keys]) if max_keys else torch.zeros(0)
+        packed = torch.cat([sums, counts, maxes]).to(device)  # [2M + X], one collective for everything
+        if all_gather is not None:
+            gathered = all_gather(packed)  # [world, 2M + X]
+            if gathered.ndim == 2:
+                m = len(mean_keys)
+                packed = torch.cat([gathered[:, : 2 * m].sum(dim=0), gathered[:, 2 * m :].amax(dim=0)])
+        values = packed.cpu().tolist()
+        m = len(mean_keys)
+        result = {k: values[i] / max(values[m + i], 1e-30) for i, k in enumerate(mean_keys)}
+        result.update({k: values[2 * m + i] for i, k in enumerate(max_keys)})
+        return result
+
+
+def find_llama(module: nn.Module) -> Llama | None:
+    """The first ``Llama`` inside ``module`` (the LightningModule keeps it as ``.model``)."""
+    return next((m for m in module.modules() if isinstance(m, Llama)), None)
+
+
+class DepthStatsMonitor(L.Callback):
+    """Logs depth-wise activation statistics of the actual training batch at step 1 and every
+    ``every_n_steps`` optimizer steps (statistics listed in this module's docstring).
+
+    Hooks are attached only on logging steps, on the first micro-batch of that optimizer step, and
+    removed before its backward pass; the forward code is untouched and nothing is stored on modules.
+    Under DDP/FSDP2 every rank collects on the same steps, one ``all_gather`` reduces the sums, and
+    rank 0 writes ``depth/<stat>[/<site>]/layer_<ii>`` scalars to every logger and one
+    value-against-depth figure per statistic (``depth/<stat>``) to TensorBoard loggers.
+
+    Args:
+        every_n_steps: log every this many optimizer steps (plus step 1 when ``log_first_step``).
+        log_first_step: also log at step 1 (the statistics of the initial weights).
+        validation: also log the statistics of the first validation batch of every validation run,
+            under ``depth_val/...``.
+        figures: draw the figures (matplotlib) on TensorBoard loggers.
+        saturation_threshold: ``|tanh argument|`` above which a coordinate counts as saturated.
+
+    Example:
+        >>> import lightning as L
+        >>> trainer = L.Trainer(callbacks=[DepthStatsMonitor(every_n_steps=100)], max_steps=1)
+    """
+
+    def __init__(
+        self,
+        every_n_steps: int = 100,
+        log_first_step: bool = True,
+        validation: bool = False,
+        figures: bool = True,
+        saturation_threshold: float = 2.0,
+    ) -> None:
+        if not (isinstance(every_n_steps, int) and every_n_steps >= 1):
+            raise ValueError(f"every_n_steps must be an int >= 1, got {every_n_steps!r}")
+        if not saturation_threshold > 0:
+            raise ValueError(f"saturation_threshold must be > 0, got {saturation_threshold}")
+        self.every_n_steps = every_n_steps
+        self.log_first_step = log_first_step
+        self.validation = validation
+        self.figures = figures
+        self.saturation_threshold = saturation_threshold
+        self._collector: DepthStatsCollector | None = None
+        self._pending_step: int | None = None
+        self._last_logged_step = -1
+        self._warned_no_stats = False
+
+    def should_log(self, step: int) -> bool:
+        """Whether optimizer step ``step`` (1-based) is a logging step."""
+        return (step == 1 and self.log_first_step) or step % self.every_n_steps == 0
+
+    @override
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._collector = None  # the model may be built in configure_model, after setup: resolve lazily
+
+    def _get_collector(self, pl_module: L.LightningModule) -> DepthStatsCollector | None:
+        if self._collector is None:
+            model = find_llama(pl_module)
+            if model is None:
+                rank_zero_warn("DepthStatsMonitor: no bhyt_pl Llama in the LightningModule; nothing to log")
+                return None
+            self._collector = DepthStatsCollector(model, self.saturation_threshold)
+        return self._collector
+
+    # ------------------------------------------------------------------ training
+    @override
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        step = trainer.global_step + 1  # the optimizer step this batch contributes to
+        first_micro_batch = batch_idx % trainer.accumulate_grad_batches == 0
+        if not first_micro_batch or step == self._last_logged_step or not self.should_log(step):
+            return
+        collector = self._get_collector(pl_module)
+        if collector is not None:
+            collector.reset()
+            collector.attach()
+            self._pending_step = step
+
+    @override
+    def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
+        if self._collector is not None:
+            self._collector.detach()  # before backward: activation recomputation must not fire them again
+
+    @override
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self._pending_step is None or self._collector is None:
+            return
+        step, self._pending_step = self._pending_step, None
+        self._collector.detach()
+        self._last_logged_step = step
+        self._write(trainer, "depth", step)
+
+    # ------------------------------------------------------------------ validation
+    @override
+    def on_validation_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        if not self.validation or trainer.sanity_checking or batch_idx != 0 or dataloader_idx != 0:
+            return
+        collector = self._get_collector(pl_module)
+        if collector is not None:
+            collector.reset()
+            collector.attach()
+
+    @override
+    def on_validation_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        if self._collector is None or not self._collector.attached:
+            return
+        self._collector.detach()
+        self._write(trainer, "depth_val", trainer.global_step)
+
+    @override
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self._collector is not None:
+            self._collector.detach()
+
+    # ------------------------------------------------------------------ output
+    def _write(self, trainer: L.Trainer, prefix: str, step: int) -> None:
+        collector = self._collector
+        if collector.empty:  # the same on every rank (same model), so no rank waits in a collective
+            if not self._warned_no_stats:
+                self._warned_no_stats = True
+                rank_zero_warn(
+                    "DepthStatsMonitor: the hooks saw no forward pass; blocks compiled with torch.compile "
+                    "do not run hooks added after compilation, so depth statistics need compile=False"
+                )
+            return
+        # every rank reaches this on the same steps, so the collective cannot deadlock
+        all_gather = trainer.strategy.all_gather if trainer.world_size > 1 else None
+        stats = collector.compute(all_gather)
+        collector.reset()
+        if not trainer.is_global_zero:
+            return
+        metrics = {f"{prefix}/{key}": value for key, value in stats.items()}
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=step)
+        if self.figures:
+            for logger in trainer.loggers:
+                if isinstance(logger, TensorBoardLogger):
+                    for name, figure in depth_figures(stats, step, prefix).items():
+                        logger.experiment.add_figure(f"{prefix}/{name}", figure, global_step=step)
+
+
+def depth_figures(stats: dict[str, float], step: int, prefix: str = "depth") -> dict[str, Any]:
+    """One matplotlib figure per statistic: value against layer index, one line per site.
+
+    Args:
+        stats: ``{"<stat>[/<site>]/layer_<ii>": value}`` as ``DepthStatsCollector.compute`` returns.
+        step: the optimizer step (for the title).
+
+    Returns:
+        ``{"<stat>": Figure}`` (no pyplot state is created: figures are plain ``Figure`` objects).
+    """
+    from matplotlib.figure import Figure
+
+    series: dict[str, dict[str, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
+    for key, value in stats.items():
+        head, layer = key.rsplit("/", 1)
+        stat, _, site = head.partition("/")
+        series[stat][site][int(layer.removeprefix("layer_"))] = value
+    figures = {}
+    for stat, lines in sorted(series.items()):
+        figure = Figure(figsize=(4.5, 3.0), dpi=80, layout="constrained")
+        ax = figure.add_subplot()
+        for site, points in sorted(lines.items()):
+            layers = sorted(points)
+            ax.plot(layers, [points[i] for i in layers], marker="o", markersize=3, label=site or None)
+        if any(lines):
+            ax.legend(fontsize=7)
+        ax.set_xlabel("layer")
+        ax.set_ylabel(stat)
+        ax.set_title(f"{prefix}/{stat}, step {step}", fontsize=9)
+        ax.grid(alpha=0.3)
+        figures[stat] = figure
+    return figures
