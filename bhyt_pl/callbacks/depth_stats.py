@@ -251,6 +251,7 @@ class DepthStatsMonitor(L.Callback):
         self._pending_step: int | None = None
         self._last_logged_step = -1
         self._warned_no_stats = False
+        self._disabled = False
 
     def should_log(self, step: int) -> bool:
         """Whether optimizer step ``step`` (1-based) is a logging step."""
@@ -259,12 +260,20 @@ class DepthStatsMonitor(L.Callback):
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._collector = None  # the model may be built in configure_model, after setup: resolve lazily
+        self._disabled = False
 
     def _get_collector(self, pl_module: L.LightningModule) -> DepthStatsCollector | None:
-        if self._collector is None:
+        if self._collector is None and not self._disabled:
             model = find_llama(pl_module)
             if model is None:
+                self._disabled = True
                 rank_zero_warn("DepthStatsMonitor: no bhyt_pl Llama in the LightningModule; nothing to log")
+                return None
+            if any(getattr(block, "_compiled_call_impl", None) is not None for block in model.layers):
+                # ``Module.compile`` traces the hook dictionaries into the graph and does not guard on
+                # them, so hooks attached for one step would be ignored or outlive it: log nothing
+                self._disabled = True
+                rank_zero_warn("DepthStatsMonitor: blocks are compiled (model.compile=true); depth statistics are off")
                 return None
             self._collector = DepthStatsCollector(model, self.saturation_threshold)
         return self._collector
@@ -338,10 +347,7 @@ class DepthStatsMonitor(L.Callback):
         if collector.empty:  # the same on every rank (same model), so no rank waits in a collective
             if not self._warned_no_stats:
                 self._warned_no_stats = True
-                rank_zero_warn(
-                    "DepthStatsMonitor: the hooks saw no forward pass; blocks compiled with torch.compile "
-                    "do not run hooks added after compilation, so depth statistics need compile=False"
-                )
+                rank_zero_warn("DepthStatsMonitor: the hooks saw no forward pass of the model's blocks; nothing logged")
             return
         # every rank reaches this on the same steps, so the collective cannot deadlock
         all_gather = trainer.strategy.all_gather if trainer.world_size > 1 else None

@@ -205,3 +205,15 @@ def test_should_log_schedule() -> None:
     assert [s for s in range(1, 401) if monitor.should_log(s)] == [1, 100, 200, 300, 400]
     assert not DepthStatsMonitor(every_n_steps=100, log_first_step=False).should_log(1)
     assert math.isclose(DepthStatsMonitor().saturation_threshold, 2.0)
+
+
+def test_compiled_blocks_switch_the_monitor_off_with_a_warning() -> None:
+    from types import SimpleNamespace
+
+    lm = hand_set_lm("rmsnorm")
+    for block in lm.model.layers:
+        block.compile()  # lazy: nothing is traced until the first call, which never happens here
+    monitor = DepthStatsMonitor(every_n_steps=1)
+    with pytest.warns(UserWarning, match="blocks are compiled"):
+        monitor.on_train_batch_start(SimpleNamespace(global_step=0, accumulate_grad_batches=1), lm, None, 0)
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in lm.model.modules())
