@@ -376,6 +376,7 @@ def depth_figures(stats: dict[str, float], step: int, prefix: str = "depth") -> 
         ``{"<stat>": Figure}`` (no pyplot state is created: figures are plain ``Figure`` objects).
     """
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     series: dict[str, dict[str, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
     for key, value in stats.items():
@@ -391,6 +392,7 @@ def depth_figures(stats: dict[str, float], step: int, prefix: str = "depth") -> 
             ax.plot(layers, [points[i] for i in layers], marker="o", markersize=3, label=site or None)
         if any(lines):
             ax.legend(fontsize=7)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # layers are whole numbers
         ax.set_xlabel("layer")
         ax.set_ylabel(stat)
         ax.set_title(f"{prefix}/{stat}, step {step}", fontsize=9)
