@@ -26,18 +26,20 @@ class LoadedModel:
 
 
 def read_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool = False) -> dict[str, Any]:
-    """The checkpoint dict of a single-file ``LlamaLM`` checkpoint, with a clear error otherwise.
+    """The checkpoint dict of a ``LlamaLM`` checkpoint, with a clear error otherwise.
 
-    ``mmap=True`` maps tensors lazily (cheap when only the config is needed)."""
+    A single file (any strategy but sharded ones) or a sharded distributed-checkpoint folder
+    (FSDP2), which is consolidated in memory. ``mmap=True`` maps a file's tensors lazily (cheap
+    when only the config is needed)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
     if path.is_dir():
-        raise ValueError(
-            f"{str(path)!r} is a directory (a sharded/distributed checkpoint); consolidate it into one file first "
-            "with `python -m bhyt_pl consolidate <dir> <file.ckpt>`"
-        )
-    checkpoint = torch.load(path, map_location=map_location, weights_only=False, mmap=mmap)
+        from bhyt_pl.distributed import load_sharded_checkpoint
+
+        checkpoint = load_sharded_checkpoint(path)
+    else:
+        checkpoint = torch.load(path, map_location=map_location, weights_only=False, mmap=mmap)
     if "bhyt_pl" not in checkpoint or "state_dict" not in checkpoint:
         raise ValueError(f"{str(path)!r} is not a bhyt_pl LlamaLM checkpoint (no 'bhyt_pl' model config entry)")
     return checkpoint

@@ -5,7 +5,8 @@ The LightningCLI subclass only adds defaults and argument links (style practice 
 - runs log to TensorBoard under ``<runs_dir>/<run_name>/version_N`` (``run_name`` defaults to
   ``<preset>-<norm>``) and checkpoint to ``<runs_dir>/<run_name>/checkpoints`` (``last.ckpt``
   is kept), so ``--ckpt_path last`` finds the previous run's last checkpoint;
-- ``ModelCheckpoint`` (``--checkpoint.*``) and ``LearningRateMonitor`` (``--lr_monitor.*``) are always on.
+- ``ModelCheckpoint`` (``--checkpoint.*``) and ``LearningRateMonitor`` (``--lr_monitor.*``) are always on;
+- single-file checkpoints are written atomically (``AtomicCheckpointIO``) unless ``trainer.plugins`` is set.
 """
 
 from __future__ import annotations
@@ -77,6 +78,8 @@ class BHyTCLI(LightningCLI):
             }
         if cfg.checkpoint.dirpath is None:
             cfg.checkpoint.dirpath = f"{cfg.runs_dir}/{run_name}/checkpoints"
+        if not cfg.trainer.plugins:  # a kill during a save never leaves a truncated last.ckpt
+            cfg.trainer.plugins = [{"class_path": "bhyt_pl.distributed.AtomicCheckpointIO"}]
 
 
 def main(args: list[str] | None = None, run: bool = True, **kwargs: Any) -> BHyTCLI | int | None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from bhyt_pl.config import LlamaConfig
 from bhyt_pl.init import init_weights
@@ -165,6 +166,8 @@ class Llama(nn.Module):
         # tied: the output projection reads ``embed.weight`` directly instead of sharing a Parameter
         # between two modules, which meta-device materialisation (``to_empty``) would silently untie
         self.lm_head = None if config.tie_embeddings else nn.Linear(config.dim, config.vocab_size, bias=False)
+        self.activation_checkpointing = False
+        """Recompute each block in backward while training (set by the trainer; not architecture)."""
         self.register_load_state_dict_post_hook(_refresh_after_load)
         if not any(p.is_meta for p in self.parameters()):
             self.reset_parameters()
@@ -201,7 +204,10 @@ class Llama(nn.Module):
         x = self.emb_norm(self.embed(idx))  # [B, T, d]
         cos, sin = self.rope(start_pos, T, idx.device, x.dtype)
         for layer in self.layers:
-            x = layer(x, cos, sin, cache, start_pos)
+            if self.activation_checkpointing and self.training and cache is None and torch.is_grad_enabled():
+                x = checkpoint(layer, x, cos, sin, use_reentrant=False)
+            else:
+                x = layer(x, cos, sin, cache, start_pos)
         return self.output(self.final_norm(x))
 
     def output(self, x: torch.Tensor) -> torch.Tensor:

@@ -63,7 +63,10 @@ class LlamaLM(L.LightningModule):
         init_checkpoint: start from the weights of this ``LlamaLM`` checkpoint (e.g. for SFT). The
             architecture and norm then come from the checkpoint; ``overrides`` still apply on top
             (e.g. a longer ``max_seq_len``), while ``preset``, ``norm`` and ``norm_args`` are ignored.
-        compile: ``torch.compile`` each block (before any sharding).
+        compile: ``torch.compile`` each block (before any sharding, as torchtitan orders it).
+        activation_checkpointing: recompute each block's activations in backward instead of storing them.
+        fsdp_mixed_precision: under FSDP2 (``ModelParallelStrategy``), keep bf16 copies of the parameters
+            for compute and reduce gradients in float32 (use with ``precision: 32-true``; GPU).
     """
 
     def __init__(
@@ -83,6 +86,8 @@ class LlamaLM(L.LightningModule):
         adam_eps: float = 1e-8,
         init_checkpoint: str | None = None,
         compile: bool = False,
+        activation_checkpointing: bool = False,
+        fsdp_mixed_precision: bool = False,
     ) -> None:
         super().__init__()
         problems = []
@@ -144,17 +149,64 @@ class LlamaLM(L.LightningModule):
         return config
 
     def configure_model(self) -> None:
-        """Build the model here (not in ``__init__``) so sharded strategies can build it on the meta device."""
+        """Build the model here (not in ``__init__``) so sharded strategies can build it on the meta device.
+
+        Under ``ModelParallelStrategy`` (FSDP2) the model is built on the meta device, each block is
+        ``fully_shard``-ed and then the root, and only the local shards are materialised and
+        initialised (torchtitan's order: compile, shard, ``to_empty``, init).
+        """
         if self.model is not None:
             return
-        self.model = Llama(self.config)
-        if self.hparams.init_checkpoint:
-            from bhyt_pl.checkpoint import load_model_state
-
-            self.model.load_state_dict(load_model_state(self.hparams.init_checkpoint))
+        mesh = self._data_parallel_mesh()
+        if mesh is None:
+            model = Llama(self.config)
+        else:
+            with torch.device("meta"):
+                model = Llama(self.config)
+        model.activation_checkpointing = self.hparams.activation_checkpointing
         if self.hparams.compile:
-            for layer in self.model.layers:
+            for layer in model.layers:
                 layer.compile()  # in place: state-dict keys stay unprefixed
+        if mesh is not None:
+            self.shard(model, mesh)
+            model.to_empty(device=self.trainer.strategy.root_device)
+            model.reset_parameters()  # the init policy on the local shards; c from gathered weights
+        self.model = model
+        if self.hparams.init_checkpoint:
+            self.load_initial_weights(self.hparams.init_checkpoint)
+
+    def _data_parallel_mesh(self):  # -> DeviceMesh | None
+        try:
+            mesh = self.device_mesh  # set by ModelParallelStrategy before configure_model
+        except (AttributeError, RuntimeError):
+            return None
+        if mesh is None:
+            return None
+        return mesh["data_parallel"] if "data_parallel" in (mesh.mesh_dim_names or ()) else mesh
+
+    def shard(self, model: Llama, mesh) -> None:  # noqa: ANN001 - DeviceMesh
+        """FSDP2: ``fully_shard`` every block, then the root (embeddings, final norm, tied output)."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        policy = MixedPrecisionPolicy()
+        if self.hparams.fsdp_mixed_precision:
+            policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for layer in model.layers:
+            fully_shard(layer, mesh=mesh, mp_policy=policy)
+        fully_shard(model, mesh=mesh, mp_policy=policy)
+
+    def load_initial_weights(self, path: str) -> None:
+        """Load a ``LlamaLM`` checkpoint's weights into the (possibly sharded) model."""
+        from bhyt_pl.checkpoint import load_model_state
+
+        state = load_model_state(path)
+        if any(hasattr(p, "full_tensor") for p in self.model.parameters()):  # FSDP2 DTensors
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+            set_model_state_dict(self.model, state, options=StateDictOptions(full_state_dict=True))
+            self.model.refresh_norm_constants()
+        else:
+            self.model.load_state_dict(state)  # the post-load hook refreshes c
 
     def configure_callbacks(self) -> list[L.Callback]:
         """Callbacks the model itself needs (added automatically): the norm-constant refresh for BHyT."""
@@ -210,7 +262,7 @@ class LlamaLM(L.LightningModule):
 
     def on_validation_epoch_end(self) -> None:
         # logged after the metric above is computed and synced; exp of the token-level mean NLL
-        self.log("val/perplexity", torch.exp(self.val_loss.compute().clamp(max=30)))
+        self.log("val/perplexity", torch.exp(self.val_loss.compute().clamp(max=30)), sync_dist=True)
 
     def on_test_epoch_start(self) -> None:
         self.test_loss.reset()
@@ -221,7 +273,7 @@ class LlamaLM(L.LightningModule):
         self.log("test/loss", self.test_loss)
 
     def on_test_epoch_end(self) -> None:
-        self.log("test/perplexity", torch.exp(self.test_loss.compute().clamp(max=30)))
+        self.log("test/perplexity", torch.exp(self.test_loss.compute().clamp(max=30)), sync_dist=True)
 
     def predict_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> dict[str, torch.Tensor]:
         """Per-sequence summed negative log-likelihood and supervised token count (document scoring)."""

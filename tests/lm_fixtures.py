@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Subset
 
 
 class _Windows(Dataset):
@@ -33,7 +33,12 @@ class TokenDataModule(L.LightningDataModule):
         self.tokenizer = "embedded"
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(_Windows(self.n, self.seq_len, self.vocab, 0), batch_size=self.batch_size, shuffle=False)
+        data = _Windows(self.n, self.seq_len, self.vocab, 0)
+        if self.trainer is not None and self.trainer.world_size > 1:
+            # rank r takes windows r, r + W, ...: with W ranks of batch b, global batch s is exactly the
+            # one-process batch s of size W * b (use with Trainer(use_distributed_sampler=False))
+            data = Subset(data, range(self.trainer.global_rank, len(data), self.trainer.world_size))
+        return DataLoader(data, batch_size=self.batch_size, shuffle=False)
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(_Windows(16, self.seq_len, self.vocab, 1), batch_size=self.batch_size)

@@ -106,3 +106,14 @@ def test_fit_then_resume_from_last(tmp_path: Path) -> None:
     cli = main([*common, "--trainer.max_steps", "9", "--ckpt_path", "last"])
     assert cli.trainer.global_step == 9
     assert (tmp_path / "tiny-rmsnorm" / "version_1" / "config.yaml").exists()
+    # the other Lightning subcommands on the same checkpoint
+    evaluate = [
+        "--config", str(RECIPES / "tiny.yaml"), "--runs_dir", str(tmp_path), "--trainer.enable_progress_bar", "false",
+        "--data.init_args.seq_len", "64", "--data.init_args.batch_size", "4", "--ckpt_path", str(saved),
+    ]  # fmt: skip
+    for sub, limit in (("validate", "limit_val_batches"), ("test", "limit_test_batches")):
+        cli = main([sub, *evaluate, f"--trainer.{limit}", "2"])
+        assert cli.trainer.callback_metrics[f"{'val' if sub == 'validate' else 'test'}/loss"] < 9.0
+    cli = main(["predict", *evaluate, "--trainer.limit_predict_batches", "2"])
+    scores = cli.trainer.predict_loop.predictions
+    assert len(scores) == 2 and scores[0]["nll"].shape == (4,) and bool((scores[0]["tokens"] == 64).all())

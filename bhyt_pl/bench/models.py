@@ -25,7 +25,7 @@ def build_model(preset: str, variant: Variant, overrides: dict[str, Any], device
 
 
 def compile_blocks(model: torch.nn.Module) -> torch.nn.Module:
-    """The package's compile path (``BHyTLightningModule(compile=True)``): each block in place;
+    """The package's compile path (``LlamaLM(compile=True)``): each block in place;
     one graph serves every block of a model."""
     for layer in model.layers:
         layer.compile(dynamic=False)

@@ -411,3 +411,17 @@ class C4DataModule(LightningDataModule):
         windows = self._windows(self.val_split, shuffle_buffer=0)
         workers = min(self.num_workers, len(self.files[self.val_split]) // windows.world_size)
         return ResumableLoader(windows, self.batch_size, num_workers=workers, drop_last=False)
+
+    def test_dataloader(self) -> DataLoader | list:
+        """C4 has no labelled test split: ``test`` reads the validation split."""
+        return self.val_dataloader()
+
+    def predict_dataloader(self) -> DataLoader | list:
+        """``predict`` scores the validation windows (per-sequence NLL, see ``LlamaLM.predict_step``).
+
+        A plain ``DataLoader``: prediction needs no resumable position, and Lightning rebuilds predict
+        loaders with its own batch-index tracking."""
+        if self.val_split is None or self.val_split not in self.files:
+            return []
+        windows = self._windows(self.val_split, shuffle_buffer=0)
+        return DataLoader(windows, batch_size=self.batch_size, collate_fn=collate_windows)

@@ -277,3 +277,11 @@ class LIMADataModule(LightningDataModule):
             num_workers=self.num_workers,
             collate_fn=_Collate(self.special_tokens.pad_id),
         )
+
+    def test_dataloader(self) -> DataLoader | list:
+        """LIMA's own test split has prompts only: ``test`` reads the held-out validation conversations."""
+        return self.val_dataloader()
+
+    def predict_dataloader(self) -> DataLoader | list:
+        """``predict`` scores the held-out conversations (per-sequence NLL of the responses)."""
+        return self.val_dataloader()

@@ -198,9 +198,9 @@ class BHyT(nn.Module):
         self.impl = impl
         self.weight = nn.Parameter(torch.empty(dim))
         if learnable_lambda:
-            self.lambda_ = nn.Parameter(torch.empty(()))
+            self.lambda_ = nn.Parameter(torch.empty(1))  # 1-element, not 0-d: FSDP2 shards no scalars
         else:  # a buffer, so "fixed" really is fixed (a Parameter would reset requires_grad)
-            self.register_buffer("lambda_", torch.empty(()))
+            self.register_buffer("lambda_", torch.empty(1))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -285,6 +285,10 @@ class BHyTBlockNorms(BlockNorms):
         if not self.approximate:
             return
         w_v, w_o = _full(attn.v_proj.weight), _full(attn.o_proj.weight)
+        if w_v.shape != (attn.n_kv_head * attn.head_dim, w_o.shape[0]) or w_o.ndim != 2:
+            # FSDP1 outside ``summon_full_params``: the weights are flat views of a local shard, from
+            # which c cannot be computed; NormConstantRefresh recomputes it inside summon_full_params
+            return
         self.c.copy_(vo_constant(w_v, w_o, attn.n_head, attn.n_kv_head, self.seq_len))
 
 

@@ -18,7 +18,7 @@ class DyT(nn.Module):
     def __init__(self, dim: int, alpha_init: float, bias: bool = False) -> None:
         super().__init__()
         self.dim, self.alpha_init = dim, alpha_init
-        self.alpha = nn.Parameter(torch.empty(()))
+        self.alpha = nn.Parameter(torch.empty(1))  # 1-element, not 0-d: FSDP2 shards no scalars
         self.weight = nn.Parameter(torch.empty(dim))
         self.bias = nn.Parameter(torch.empty(dim)) if bias else None
         self.reset_parameters()
@@ -49,7 +49,7 @@ class EmbeddingScale(nn.Module):
     def __init__(self, dim: int) -> None:
         super().__init__()
         self.dim = dim
-        self.scale = nn.Parameter(torch.empty(()))
+        self.scale = nn.Parameter(torch.empty(1))  # 1-element, not 0-d: FSDP2 shards no scalars
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

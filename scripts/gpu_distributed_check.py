@@ -1,0 +1,169 @@
+"""GPU check for the distributed paths (prepared; run it whenever CUDA GPUs are available).
+
+A few training steps of ``llama-374m`` with each norm scheme under bf16 mixed precision with FSDP1
+(FullyShardedDataParallel, per-Block units) and FSDP2 (fully_shard per block, then the root), eager
+and with ``torch.compile`` per block; prints tokens/s, MFU and peak memory per configuration.
+
+    torchrun --standalone --nproc_per_node $(nvidia-smi -L | wc -l) scripts/gpu_distributed_check.py
+    # on this CPU, to check the script itself (FSDP2 only; FSDP1 refuses CPU):
+    python -m torch.distributed.run --standalone --nproc_per_node 2 scripts/gpu_distributed_check.py \
+        --device cpu --preset tiny --seq-len 128 --batch 2 --steps 2 --compile-schemes none
+
+Stays under about 8 minutes on one H200 with the defaults (--budget-minutes stops early, saying so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from bhyt_pl import Llama, LlamaConfig, parameter_groups
+from bhyt_pl.callbacks.throughput import peak_flops_for
+from bhyt_pl.model import Block
+from bhyt_pl.module import training_flops_per_token
+
+SCHEMES = ["rmsnorm", "layernorm", "dyt", "bhyt", "bhyt_exact", "peri_ln", "lns"]
+
+
+def build(args, norm: str, strategy: str, compiled: bool, device: torch.device):
+    config = LlamaConfig.from_name(
+        args.preset, norm=norm, norm_args={"seq_len": args.seq_len} if norm == "bhyt" else {}
+    )
+    bf16 = device.type == "cuda"
+    if strategy == "fsdp1":
+        from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        model = Llama(config).to(device)
+        if compiled:
+            for layer in model.layers:
+                layer.compile()
+        mp = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else None
+        model = FullyShardedDataParallel(
+            model,
+            auto_wrap_policy=ModuleWrapPolicy({Block}),
+            mixed_precision=mp,
+            use_orig_params=True,
+            device_id=device,
+        )
+    else:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+        with torch.device("meta"):
+            model = Llama(config)
+        if compiled:
+            for layer in model.layers:
+                layer.compile()
+        mp = (
+            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            if bf16
+            else MixedPrecisionPolicy()
+        )
+        for layer in model.layers:
+            fully_shard(layer, mesh=mesh, mp_policy=mp)
+        fully_shard(model, mesh=mesh, mp_policy=mp)
+        model.to_empty(device=device)
+        model.reset_parameters()
+    return model, config
+
+
+def measure(args, norm: str, strategy: str, compiled: bool, device: torch.device, peak: float | None) -> dict:
+    torch.manual_seed(0)
+    model, config = build(args, norm, strategy, compiled, device)
+    opt = torch.optim.AdamW(parameter_groups(model, 0.1), lr=1e-4)
+    ids = torch.randint(0, config.vocab_size, (args.batch, args.seq_len + 1), device=device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+    def step(model, opt) -> torch.Tensor:
+        loss = F.cross_entropy(model(ids[:, :-1]).flatten(0, 1).float(), ids[:, 1:].flatten())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss
+
+    for _ in range(args.warmup):
+        step(model, opt)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync()
+    start = time.perf_counter()
+    for _ in range(args.steps):
+        loss = step(model, opt)
+    sync()
+    elapsed = time.perf_counter() - start
+    tokens = args.batch * args.seq_len * args.steps * dist.get_world_size()
+    flops = tokens * training_flops_per_token(config, args.seq_len)
+    result = {
+        "tokens_per_sec": tokens / elapsed,
+        "mfu": flops / elapsed / (peak * dist.get_world_size()) if peak else float("nan"),
+        "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan"),
+        "loss": float(loss),
+    }
+    del model, opt
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return result
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--preset", default="llama-374m")
+    p.add_argument("--seq-len", type=int, default=1024)
+    p.add_argument("--batch", type=int, default=8, help="sequences per GPU")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--strategies", default="fsdp1,fsdp2")
+    p.add_argument("--schemes", default=",".join(SCHEMES))
+    p.add_argument("--compile-schemes", default="rmsnorm,bhyt", help="also compiled for these ('none': no compile)")
+    p.add_argument("--peak-tflops", type=float, default=None, help="bf16 dense peak per GPU (default: from the table)")
+    p.add_argument("--budget-minutes", type=float, default=7.5)
+    args = p.parse_args()
+
+    dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
+    rank = dist.get_rank()
+    if args.device == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+        peak = (
+            args.peak_tflops * 1e12
+            if args.peak_tflops
+            else peak_flops_for(torch.cuda.get_device_name(device), torch.bfloat16)
+        )
+    else:
+        device, peak = torch.device("cpu"), (args.peak_tflops * 1e12 if args.peak_tflops else None)
+    say = functools.partial(print, flush=True) if rank == 0 else (lambda *a, **k: None)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    say(
+        f"# {args.preset}, {dist.get_world_size()} x {name}, batch {args.batch} x {args.seq_len} per device, "
+        f"bf16={device.type == 'cuda'}, torch {torch.__version__}, "
+        f"peak {peak / 1e12 if peak else float('nan'):.0f} TFLOP/s"
+    )
+    say("| strategy | scheme | compile | tokens/s | MFU | peak GiB | loss |")
+    say("|---|---|---|---|---|---|---|")
+    compiled_for = set() if args.compile_schemes == "none" else set(args.compile_schemes.split(","))
+    deadline = time.monotonic() + args.budget_minutes * 60
+    for strategy in args.strategies.split(","):
+        for norm in args.schemes.split(","):
+            for compiled in (False, True) if norm in compiled_for else (False,):
+                if time.monotonic() > deadline:
+                    say(f"| {strategy} | {norm} | {compiled} | skipped: --budget-minutes reached | | | |")
+                    continue
+                r = measure(args, norm, strategy, compiled, device, peak)
+                say(
+                    f"| {strategy} | {norm} | {compiled} | {r['tokens_per_sec']:,.0f} | {r['mfu']:.1%} | "
+                    f"{r['peak_mem_gib']:.1f} | {r['loss']:.3f} |"
+                )
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""torchrun job (2 ranks, gloo, CPU): every norm scheme sharded with FSDP2 (fully_shard per block,
+then the root) trains three steps on a global batch split over the ranks, and must match the same
+model trained in one process on the whole batch: losses, and BHyT's refreshed constant c on every rank.
+
+Usage: python -m torch.distributed.run --standalone --nproc_per_node 2 fsdp2_schemes.py OUT_DIR
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+from bhyt_pl import Llama, LlamaConfig, parameter_groups
+
+SCHEMES = ["rmsnorm", "layernorm", "dyt", "bhyt", "bhyt_exact", "peri_ln", "lns"]
+
+
+def train(model, batches, steps=3):
+    opt = torch.optim.AdamW(parameter_groups(model, 0.1), lr=1e-2)
+    losses = []
+    for ids in batches[:steps]:
+        loss = F.cross_entropy(model(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        model.refresh_norm_constants()  # what NormConstantRefresh does every N steps
+        losses.append(loss.detach())
+    return torch.stack(losses)
+
+
+def main(out_dir: str) -> None:
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh("cpu", (world,))
+    g = torch.Generator().manual_seed(0)
+    batches = [torch.randint(0, 64, (4, 17), generator=g) for _ in range(3)]
+    results = {}
+    for norm in SCHEMES:
+        torch.manual_seed(1)
+        config = LlamaConfig(
+            vocab_size=64,
+            dim=32,
+            n_layers=2,
+            n_heads=4,
+            n_kv_heads=2,
+            mlp_dim=48,
+            norm=norm,
+            norm_args={"seq_len": 16} if norm == "bhyt" else {},
+        )
+        single = Llama(config)
+        sharded = copy.deepcopy(single)
+        for layer in sharded.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(sharded, mesh=mesh)
+        single_losses = train(single, batches)
+        half = [b.chunk(world)[rank] for b in batches]  # this rank's share of the global batch
+        sharded_losses = train(sharded, half)
+        dist.all_reduce(sharded_losses)  # mean of per-rank means = global mean (equal token counts)
+        sharded_losses /= world
+        c = torch.stack([layer.norms.c.detach().clone() for layer in sharded.layers]) if norm == "bhyt" else None
+        gathered = [None] * world
+        dist.all_gather_object(gathered, c)
+        results[norm] = {
+            "single_losses": single_losses,
+            "sharded_losses": sharded_losses,
+            "single_c": torch.stack([layer.norms.c for layer in single.layers]) if norm == "bhyt" else None,
+            "sharded_c": gathered if norm == "bhyt" else [],
+        }
+    if rank == 0:
+        torch.save(results, Path(out_dir) / "fsdp2_schemes.pt")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,241 @@
+"""Distributed training on CPU (gloo): DDP and FSDP2 against one process, sharded checkpoints,
+exact resume after SIGKILL. Every multi-process job runs as a subprocess with a clean environment."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+from distributed_jobs.launch import ROOT, records, run, write_yaml
+
+from bhyt_pl import Llama, LlamaConfig, load_model
+from bhyt_pl.distributed import AtomicCheckpointIO, consolidate_checkpoint
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
+SMALL = {"dim": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "mlp_dim": 48, "max_seq_len": 64}
+FSDP2 = {
+    "class_path": "lightning.pytorch.strategies.ModelParallelStrategy",
+    "init_args": {"data_parallel_size": 2, "tensor_parallel_size": 1},
+}
+LOSS_TOL = 2e-5  # fp32 on CPU: two ranks sum gradients in another order than one process
+
+
+def _fit(
+    tmp: Path,
+    name: str,
+    *,
+    devices: int = 1,
+    strategy=None,
+    data: dict | None = None,
+    steps: int = 6,
+    norm: str = "bhyt",
+    kill_at: int | None = None,
+    resume: bool = False,
+    probe: bool = False,
+    init: Path | None = None,
+    extra: list[str] = (),
+) -> Path:
+    out = tmp / "records" / name
+    cfg = {
+        "trainer": {
+            "devices": devices,
+            "max_steps": steps,
+            "limit_val_batches": 0,
+            "log_every_n_steps": 1,
+            "enable_progress_bar": False,
+            "enable_model_summary": False,
+            "callbacks+": [
+                {
+                    "class_path": "recorder.StepRecorder",
+                    "init_args": {"out_dir": str(out), "kill_at_step": kill_at, "probe_logits": probe},
+                }
+            ],
+        },
+        "model": {
+            "norm": norm,
+            "overrides": SMALL,
+            "warmup_steps": 2,
+            "init_checkpoint": str(init) if init is not None else None,
+        },
+        "checkpoint": {"every_n_train_steps": 1},
+    }
+    if strategy is not None:
+        cfg["trainer"]["strategy"] = strategy
+    if data is not None:
+        cfg["data"] = data
+    job = write_yaml(tmp / f"{name}.yaml", cfg)
+    argv = [
+        "-m",
+        "bhyt_pl",
+        "fit",
+        "--config",
+        str(ROOT / "recipes/tiny.yaml"),
+        "--config",
+        job,
+        "--runs_dir",
+        str(tmp / "runs"),
+        "--run_name",
+        name.split("+")[0],
+        *extra,
+    ]
+    if resume:
+        argv += ["--ckpt_path", "last"]
+    proc = run(argv, check=kill_at is None)
+    if kill_at is not None:
+        assert proc.returncode in (-signal.SIGKILL, 128 + signal.SIGKILL) or "Killed" in proc.stderr, proc.stderr[
+            -3000:
+        ]
+    return out
+
+
+def _token_data(batch_size: int) -> dict:
+    return {
+        "class_path": "lm_fixtures.TokenDataModule",
+        "init_args": {"seq_len": 32, "batch_size": batch_size, "vocab": 64, "n": 256},
+    }
+
+
+def _losses(out: Path, rank: int = 0) -> list[float]:
+    return [r["loss"] for r in records(out)[rank]]
+
+
+@pytest.fixture(scope="module")
+def initial_weights(tmp_path_factory) -> Path:
+    """One set of initial weights for every run compared below (FSDP2 initialises its shards itself,
+    with a different random stream than one process, so runs start from this checkpoint instead)."""
+    torch.manual_seed(0)
+    config = LlamaConfig.from_name("tiny", **SMALL, norm="bhyt", norm_args={"seq_len": 32})
+    model = Llama(config)
+    path = tmp_path_factory.mktemp("init") / "init.ckpt"
+    torch.save(
+        {
+            "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+            "bhyt_pl": {"model_config": config.to_dict(), "tokenizer": "embedded"},
+        },
+        path,
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def one_process_reference(tmp_path_factory, initial_weights) -> list[float]:
+    """1 process, global batch 8: the curve DDP and FSDP2 must reproduce."""
+    tmp = tmp_path_factory.mktemp("ref")
+    return _losses(_fit(tmp, "ref", data=_token_data(8), init=initial_weights))
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def test_two_processes_match_one_process_with_the_same_global_batch(
+    strategy, one_process_reference, initial_weights, tmp_path
+):
+    out = _fit(
+        tmp_path,
+        strategy,
+        devices=2,
+        strategy="ddp" if strategy == "ddp" else FSDP2,
+        data=_token_data(4),
+        probe=strategy == "fsdp2",
+        init=initial_weights,
+        extra=["--trainer.use_distributed_sampler", "false"],
+    )
+    recs = records(out)
+    # the logged loss is each rank's mean over its half; the global loss is their mean (equal token counts)
+    global_losses = [(a["loss"] + b["loss"]) / 2 for a, b in zip(recs[0], recs[1])]
+    assert len(global_losses) == len(one_process_reference) == 6
+    assert max(abs(a - b) for a, b in zip(global_losses, one_process_reference)) < LOSS_TOL
+    for a, b in zip(recs[0], recs[1]):  # different data on each rank, same step and LR
+        assert not set(a["rows"]) & set(b["rows"])
+        assert a["lr"] == b["lr"] and a["step"] == b["step"]
+    if strategy == "fsdp2":
+        _check_sharded_checkpoint(tmp_path, out)
+
+
+def _check_sharded_checkpoint(tmp: Path, out: Path) -> None:
+    """The FSDP2 run's sharded last checkpoint consolidates into one file whose model, loaded in one
+    process, gives the sharded model's logits; and the sharded checkpoint resumes training."""
+    folder = tmp / "runs" / "fsdp2" / "checkpoints" / "last.ckpt"
+    assert folder.is_dir() and (folder / ".metadata").exists()
+    single = consolidate_checkpoint(folder, tmp / "consolidated.ckpt")
+    probe = torch.load(out / "probe.pt")
+    loaded = load_model(single)
+    assert loaded.config.norm == "bhyt"
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.model(probe["idx"]), probe["logits"], atol=1e-5, rtol=1e-5)
+    # the CLI subcommand does the same
+    run(["-m", "bhyt_pl", "consolidate", str(folder), str(tmp / "cli.ckpt")])
+    assert torch.load(tmp / "cli.ckpt", weights_only=False)["global_step"] == 6
+    # resume the sharded checkpoint for two more steps
+    resumed = _fit(
+        tmp,
+        "fsdp2+resume",
+        devices=2,
+        strategy=FSDP2,
+        data=_token_data(4),
+        steps=8,
+        resume=True,
+        extra=["--trainer.use_distributed_sampler", "false"],
+    )
+    assert [r["step"] for r in records(resumed)[0]] == [7, 8]
+
+
+def test_every_norm_scheme_trains_under_fsdp2(tmp_path) -> None:
+    """One torchrun job: each scheme, sharded over 2 ranks, matches one process (loss and BHyT's c)."""
+    job = ROOT / "tests" / "distributed_jobs" / "fsdp2_schemes.py"
+    run(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(job), str(tmp_path)])
+    results = torch.load(tmp_path / "fsdp2_schemes.pt")
+    assert set(results) == {"rmsnorm", "layernorm", "dyt", "bhyt", "bhyt_exact", "peri_ln", "lns"}
+    for norm, r in results.items():
+        torch.testing.assert_close(r["sharded_losses"], r["single_losses"], atol=1e-5, rtol=1e-5, msg=norm)
+        for rank_c in r["sharded_c"]:
+            torch.testing.assert_close(rank_c, r["single_c"], atol=1e-9, rtol=1e-6, msg=norm)
+
+
+def test_sigkill_then_resume_from_last_is_identical_in_one_process(tmp_path) -> None:
+    embedded = None  # the recipe's embedded C4 (resumable streaming loader)
+    extra = ["--data.init_args.seq_len", "32", "--data.init_args.batch_size", "4"]
+    full = records(_fit(tmp_path, "full", steps=8, data=embedded, extra=extra))[0]
+    _fit(tmp_path, "cut", steps=8, kill_at=4, extra=extra)
+    cut_dir = tmp_path / "records" / "cut"
+    before = records(cut_dir)[0]
+    assert [r["step"] for r in before] == [1, 2, 3, 4]
+    _fit(tmp_path, "cut", steps=8, resume=True, extra=extra)  # same run name: finds cut's last.ckpt
+    after = records(cut_dir)[0][4:]
+    assert [r["step"] for r in after] == [5, 6, 7, 8]
+    for a, b in zip(before + after, full):
+        assert a["rows"] == b["rows"]  # the same windows in the same order
+        assert a["lr"] == b["lr"]
+        assert a["loss"] == b["loss"]  # bit-identical on CPU in one process
+
+
+def test_sigkill_then_resume_under_ddp(tmp_path) -> None:
+    extra = ["--data.init_args.seq_len", "32", "--data.init_args.batch_size", "4"]
+    full = records(_fit(tmp_path, "ddpfull", devices=2, strategy="ddp", steps=6, extra=extra))
+    assert not set(full[0][0]["rows"]) & set(full[1][0]["rows"])  # ranks read different files
+    _fit(tmp_path, "ddpcut", devices=2, strategy="ddp", steps=6, kill_at=3, extra=extra)
+    _fit(tmp_path, "ddpcut", devices=2, strategy="ddp", steps=6, resume=True, extra=extra)
+    cut = records(tmp_path / "records" / "ddpcut")
+    for rank in (0, 1):
+        assert [r["step"] for r in cut[rank]] == [1, 2, 3, 4, 5, 6]
+        for a, b in zip(cut[rank], full[rank]):
+            assert a["rows"] == b["rows"] and a["lr"] == b["lr"]
+            assert abs(a["loss"] - b["loss"]) < LOSS_TOL
+
+
+def test_atomic_checkpoint_io_never_leaves_a_truncated_file(tmp_path, monkeypatch) -> None:
+    io = AtomicCheckpointIO()
+    target = tmp_path / "last.ckpt"
+    io.save_checkpoint({"step": 1, "w": torch.ones(3)}, target)
+
+    def dies_mid_write(obj, f, *args, **kwargs):
+        f.write(b"partial bytes")
+        raise KeyboardInterrupt  # a kill arriving during the write
+
+    monkeypatch.setattr(torch, "save", dies_mid_write)
+    with pytest.raises(KeyboardInterrupt):
+        io.save_checkpoint({"step": 2, "w": torch.zeros(3)}, target)
+    monkeypatch.undo()
+    assert torch.load(target)["step"] == 1  # the previous checkpoint is intact
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]  # no temporary left behind
