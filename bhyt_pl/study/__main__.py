@@ -1,0 +1,5 @@
+import sys
+
+from bhyt_pl.study import main
+
+sys.exit(main())
