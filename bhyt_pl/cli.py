@@ -5,7 +5,8 @@ The LightningCLI subclass only adds defaults and argument links (style practice 
 - runs log to TensorBoard under ``<runs_dir>/<run_name>/version_N`` (``run_name`` defaults to
   ``<preset>-<norm>``) and checkpoint to ``<runs_dir>/<run_name>/checkpoints`` (``last.ckpt``
   is kept), so ``--ckpt_path last`` finds the previous run's last checkpoint;
-- ``ModelCheckpoint`` (``--checkpoint.*``) and ``LearningRateMonitor`` (``--lr_monitor.*``) are always on;
+- ``ModelCheckpoint`` (``--checkpoint.*``) and ``LearningRateMonitor`` (``--lr_monitor.*``) are always on,
+  and ``TokenThroughputMonitor`` (tokens/s in the progress bar) unless the config already has one;
 - single-file checkpoints are written atomically (``AtomicCheckpointIO``) unless ``trainer.plugins`` is set.
 """
 
@@ -15,6 +16,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from jsonargparse import Namespace
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
@@ -78,6 +80,11 @@ class BHyTCLI(LightningCLI):
             }
         if cfg.checkpoint.dirpath is None:
             cfg.checkpoint.dirpath = f"{cfg.runs_dir}/{run_name}/checkpoints"
+        callbacks = list(cfg.trainer.callbacks or [])
+        if not any(str(getattr(cb, "class_path", "")).endswith("TokenThroughputMonitor") for cb in callbacks):
+            # tokens/s in the progress bar by default; a preset (callbacks/throughput.yaml) configures it
+            callbacks.append(Namespace(class_path="bhyt_pl.callbacks.TokenThroughputMonitor", init_args=Namespace()))
+            cfg.trainer.callbacks = callbacks
         if not cfg.trainer.plugins:  # a kill during a save never leaves a truncated last.ckpt
             cfg.trainer.plugins = [{"class_path": "bhyt_pl.distributed.AtomicCheckpointIO"}]
 

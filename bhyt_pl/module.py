@@ -209,14 +209,12 @@ class LlamaLM(L.LightningModule):
             self.model.load_state_dict(state)  # the post-load hook refreshes c
 
     def configure_callbacks(self) -> list[L.Callback]:
-        """Callbacks the model itself needs (added automatically): the norm-constant refresh for BHyT."""
-        try:
-            from bhyt_pl.callbacks import NormConstantRefresh
-        except ImportError:  # the callbacks package is optional for subclasses that strip it
-            return []
-        if self.config.norm_scheme().needs_constant_refresh:
-            return [NormConstantRefresh()]
-        return []
+        """Callbacks the model itself needs (added automatically): the norm-constant refresh for BHyT,
+        unless ``trainer.callbacks`` already holds a ``NormConstantRefresh`` (configured, or disabled with
+        ``enabled=False``), which Lightning would otherwise replace with this default."""
+        from bhyt_pl.callbacks import norm_refresh_callbacks
+
+        return norm_refresh_callbacks(self.trainer, self.config.norm_scheme().needs_constant_refresh)
 
     def refresh_norm_constants(self) -> None:
         """Recompute weight-derived norm constants (BHyT's ``c``) from the current weights."""

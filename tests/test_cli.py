@@ -11,8 +11,10 @@ from bhyt_pl.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes"
-BASES = sorted(p for p in RECIPES.rglob("*.yaml") if p.parent.name != "norms")
+OVERLAY_DIRS = ("norms", "distributed")
+BASES = sorted(p for p in RECIPES.rglob("*.yaml") if p.parent.name not in OVERLAY_DIRS)
 OVERLAYS = sorted((RECIPES / "norms").glob("*.yaml"))
+STRATEGIES = sorted((RECIPES / "distributed").glob("*.yaml"))
 
 
 def _print_config(capsys, *args: str) -> dict:
@@ -37,6 +39,19 @@ def test_every_norm_overlay_stacks_on_a_paper_recipe(overlay: Path, capsys) -> N
     assert config["model"]["preset"] == "llama-1b"
     for key, value in (expected.get("norm_args") or {}).items():
         assert config["model"]["norm_args"][key] == value
+
+
+@pytest.mark.parametrize("overlay", STRATEGIES, ids=lambda p: p.stem)
+def test_every_strategy_overlay_stacks(overlay: Path, capsys) -> None:
+    args = ["--config", str(RECIPES / "pretrain/llama-1b.yaml"), "--config", str(RECIPES / "norms/bhyt.yaml")]
+    config = _print_config(capsys, *args, "--config", str(overlay))
+    expected = yaml.safe_load(overlay.read_text())["trainer"]
+    for key in ("strategy", "num_nodes", "devices"):
+        if key in expected:
+            got = config["trainer"][key]
+            want = expected[key]
+            assert (got == want) if isinstance(want, (str, int)) else got["class_path"] == want["class_path"]
+    assert config["model"]["norm"] == "bhyt"
 
 
 def test_command_line_switches_the_norm(capsys) -> None:

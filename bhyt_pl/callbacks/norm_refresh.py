@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import lightning as L
@@ -68,9 +69,10 @@ class NormConstantRefresh(L.Callback):
             self.interval = default_refresh_interval(total or 50_000)
 
     def refresh(self, pl_module: L.LightningModule) -> None:
-        for module in pl_module.modules():
-            if isinstance(module, Llama):
-                module.refresh_norm_constants()
+        with _full_parameters(pl_module):
+            for module in pl_module.modules():
+                if isinstance(module, Llama):
+                    module.refresh_norm_constants()
         self.refreshes += 1
 
     @override
@@ -94,6 +96,16 @@ class NormConstantRefresh(L.Callback):
     @override
     def state_dict(self) -> dict[str, Any]:
         return {"every_n_steps": self.every_n_steps, "enabled": self.enabled}
+
+
+def _full_parameters(module: L.LightningModule) -> AbstractContextManager:
+    """FSDP1 keeps only flat shards between steps: gather the full weights for the refresh (every rank
+    enters this collective on the same steps). FSDP2 needs nothing here: its DTensors gather themselves."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    if any(isinstance(m, FullyShardedDataParallel) for m in module.modules()):
+        return FullyShardedDataParallel.summon_full_params(module, writeback=False, recurse=True)
+    return nullcontext()
 
 
 def norm_refresh_callbacks(trainer: L.Trainer | None, needs_refresh: bool) -> list[L.Callback]:

@@ -36,13 +36,6 @@ def cached_c(lm: LlamaLM) -> list[float]:
     return [float(layer.norms.c) for layer in lm.model.layers]
 
 
-class LlamaLMWithPatch(LlamaLM):
-    """``LlamaLM`` with the ``configure_callbacks`` this package proposes (keep the user's refresh)."""
-
-    def configure_callbacks(self) -> list[L.Callback]:
-        return norm_refresh_callbacks(self.trainer, self.config.norm_scheme().needs_constant_refresh)
-
-
 def bhyt_lm(cls: type[LlamaLM] = LlamaLM) -> LlamaLM:
     return cls(overrides=TINY_OVERRIDES, norm="bhyt", seq_len=32, lr=3e-2, warmup_steps=0)
 
@@ -61,12 +54,12 @@ def test_interval_formula() -> None:
 
 
 def test_periodic_refresh_follows_the_weights_and_disabled_does_not() -> None:
-    lm = bhyt_lm(LlamaLMWithPatch)
+    lm = bhyt_lm()
     trainer = quiet_trainer(callbacks=[NormConstantRefresh(every_n_steps=1)], max_steps=3)
     trainer.fit(lm, datamodule=TokenDataModule())
     assert cached_c(lm) == pytest.approx(expected_c(lm), rel=1e-6)
 
-    lm = bhyt_lm(LlamaLMWithPatch)
+    lm = bhyt_lm()
     lm.configure_model()
     initial = cached_c(lm)
     trainer = quiet_trainer(callbacks=[NormConstantRefresh(enabled=False)], max_steps=3)
@@ -80,18 +73,15 @@ def test_periodic_refresh_follows_the_weights_and_disabled_does_not() -> None:
 def test_user_refresh_is_kept_and_default_added_otherwise() -> None:
     assert norm_refresh_callbacks(None, needs_refresh=False) == []
     trainer = quiet_trainer(callbacks=[NormConstantRefresh(every_n_steps=7)], max_steps=1)
-    lm = bhyt_lm(LlamaLMWithPatch)
+    lm = bhyt_lm()
     trainer.fit(lm, datamodule=TokenDataModule())
     refreshes = [cb for cb in trainer.callbacks if isinstance(cb, NormConstantRefresh)]
     assert [cb.every_n_steps for cb in refreshes] == [7]
     trainer = quiet_trainer(max_steps=1)
-    trainer.fit(bhyt_lm(LlamaLMWithPatch), datamodule=TokenDataModule())
+    trainer.fit(bhyt_lm(), datamodule=TokenDataModule())
     assert [type(cb) for cb in trainer.callbacks if isinstance(cb, NormConstantRefresh)] == [NormConstantRefresh]
 
 
-@pytest.mark.xfail(
-    strict=True, reason="needs the configure_callbacks patch in bhyt_pl/module.py (Lightning replaces the user's)"
-)
 def test_llamalm_keeps_a_user_configured_refresh() -> None:
     trainer = quiet_trainer(callbacks=[NormConstantRefresh(every_n_steps=7)], max_steps=1)
     trainer.fit(bhyt_lm(), datamodule=TokenDataModule())
