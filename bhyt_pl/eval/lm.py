@@ -152,6 +152,10 @@ class BHyTLM(TemplateLM):
                 f"got unknown {unknown}" + ("" if "ckpt_path" in args else " and no ckpt_path")
             )
         ckpt_path = args.pop("ckpt_path")
+        device = str(args.get("device") or "cpu")
+        if device.startswith("cuda") and not torch.cuda.is_available():  # lm-eval's CLI defaults to cuda
+            log.warning("device %r requested but CUDA is not available: evaluating on cpu", device)
+            args["device"] = "cpu"
         return cls.from_checkpoint(ckpt_path, **args)
 
     @classmethod
