@@ -66,7 +66,7 @@ class Budget:
 
 
 # Sized on 2 shared CPU cores (docs/depth_study.md has the measured times).
-FULL = Budget("deep-32x128", None, 200, 128, 8, 8, 3e-3)
+FULL = Budget("deep-32x128", None, 200, 64, 8, 8, 3e-3)
 QUICK = Budget("deep-32x128", 8, 60, 64, 8, 4, 3e-3)
 SWEEP = Budget("deep-32x128", None, 100, 64, 8, 2, 3e-3, depths=(8, 16, 32, 64), lrs=(3e-3, 1e-2, 3e-2))
 SWEEP_QUICK = Budget("deep-32x128", None, 30, 64, 4, 1, 3e-3, depths=(4, 8), lrs=(3e-3, 3e-2))

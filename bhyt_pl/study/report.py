@@ -162,6 +162,7 @@ def save_figure(figure: Any, path: Path) -> Path:
 def depth_figure(results: Sequence[RunResult], which: str, title: str) -> Any:
     """Magnitude and variance of every block output against depth, one line per run (paper Figure 3)."""
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     figure = Figure(figsize=(11, 4.2), layout="constrained")
     axes = figure.subplots(1, 2)
@@ -173,6 +174,7 @@ def depth_figure(results: Sequence[RunResult], which: str, title: str) -> Any:
             suffix = "" if r.status == "ok" else f" ({r.status})"
             ax.plot(range(1, len(values) + 1), values, marker="o", markersize=2.5, label=r.spec.label + suffix)
         ax.set_yscale("log")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("layer (block output)")
         ax.set_ylabel(f"{stat} (log scale)")
         ax.set_title(stat)
