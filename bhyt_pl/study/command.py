@@ -68,8 +68,9 @@ class Budget:
 # Sized on 2 shared CPU cores (docs/depth_study.md has the measured times).
 FULL = Budget("deep-32x128", None, 200, 64, 8, 8, 3e-3)
 QUICK = Budget("deep-32x128", 8, 60, 64, 8, 4, 3e-3)
-SWEEP = Budget("deep-32x128", None, 100, 64, 8, 2, 3e-3, depths=(8, 16, 32, 64), lrs=(3e-3, 1e-2, 3e-2))
-SWEEP_QUICK = Budget("deep-32x128", None, 30, 64, 4, 1, 3e-3, depths=(4, 8), lrs=(3e-3, 3e-2))
+# lr 1e-2 trains and 1e-1 diverges for most schemes within 40 steps (docs/depth_study.md): the grids straddle it
+SWEEP = Budget("deep-32x128", None, 100, 64, 8, 2, 3e-3, depths=(8, 16, 32, 64), lrs=(1e-2, 3e-2, 1e-1))
+SWEEP_QUICK = Budget("deep-32x128", None, 40, 64, 4, 1, 3e-3, depths=(4, 16), lrs=(1e-2, 1e-1, 1.0))
 
 
 def parser() -> argparse.ArgumentParser:
