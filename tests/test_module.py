@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
@@ -139,3 +140,37 @@ def test_perplexity_is_exp_of_token_weighted_val_loss() -> None:
             total, count = total + loss.item() * n.item(), count + n.item()
     assert metrics["val/loss"] == pytest.approx(total / count, rel=1e-5)
     assert metrics["val/perplexity"] == pytest.approx(math.exp(total / count), rel=1e-5)
+
+
+def _one_step_losses(lm: LlamaLM, steps: int = 2) -> list[float]:
+    data = TokenDataModule()
+    losses = []
+
+    class Record(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            losses.append(float(outputs["loss"]))
+
+    quiet_trainer(max_steps=steps, callbacks=[Record()]).fit(lm, data)
+    return losses
+
+
+def test_activation_checkpointing_gives_the_same_training() -> None:
+    torch.manual_seed(0)
+    plain = _one_step_losses(LlamaLM(overrides=TINY_OVERRIDES, norm="bhyt", warmup_steps=0))
+    torch.manual_seed(0)
+    lm = LlamaLM(overrides=TINY_OVERRIDES, norm="bhyt", warmup_steps=0, activation_checkpointing=True)
+    assert _one_step_losses(lm) == pytest.approx(plain, abs=1e-6)
+    assert lm.model.activation_checkpointing
+
+
+@pytest.mark.slow
+def test_compile_option_compiles_each_block_and_trains_like_eager() -> None:
+    """``compile=True`` (each block in place, before any sharding): same losses as eager, same keys."""
+    torch.manual_seed(0)
+    eager = _one_step_losses(LlamaLM(overrides=TINY_OVERRIDES, norm="bhyt", warmup_steps=0))
+    torch.manual_seed(0)
+    lm = LlamaLM(overrides=TINY_OVERRIDES, norm="bhyt", warmup_steps=0, compile=True)
+    compiled = _one_step_losses(lm)
+    assert compiled == pytest.approx(eager, abs=1e-4)
+    assert all(layer._compiled_call_impl is not None for layer in lm.model.layers)
+    assert not any("_orig_mod" in k for k in lm.state_dict())
