@@ -34,18 +34,23 @@ def _perturb_norm_params(model: Llama) -> None:
                 t.mul_(1 + 0.3 * torch.rand(t.shape, generator=gen, dtype=t.dtype))
 
 
-@pytest.mark.parametrize(("norm", "args"), CASES, ids=[f"{n}-{i}" for i, (n, _) in enumerate(CASES)])
-def test_model_matches_float64_spec(norm: str, args: dict) -> None:
-    config = LlamaConfig.from_name(
-        "tiny", vocab_size=64, dim=32, n_layers=3, n_heads=4, n_kv_heads=2, mlp_dim=48, norm=norm, norm_args=args
-    )
+def _float64_model(config: LlamaConfig) -> Llama:
+    """The model in float64 with weights larger than N(0, 0.02), so every block does something measurable."""
     model = Llama(config).double().eval()
-    # larger weights than N(0, 0.02) so the blocks do something measurable
     with torch.no_grad():
         for p in model.parameters():
             if p.ndim == 2:
                 p.normal_(0, 0.2)
     model.refresh_norm_constants()
+    return model
+
+
+@pytest.mark.parametrize(("norm", "args"), CASES, ids=[f"{n}-{i}" for i, (n, _) in enumerate(CASES)])
+def test_model_matches_float64_spec(norm: str, args: dict) -> None:
+    config = LlamaConfig.from_name(
+        "tiny", vocab_size=64, dim=32, n_layers=3, n_heads=4, n_kv_heads=2, mlp_dim=48, norm=norm, norm_args=args
+    )
+    model = _float64_model(config)
     _perturb_norm_params(model)
     idx = torch.randint(0, 64, (2, 11))
     with torch.no_grad():
@@ -57,12 +62,7 @@ def test_model_matches_float64_spec(norm: str, args: dict) -> None:
 def test_bhyt_correction_changes_the_output() -> None:
     """Guard: with a zeroed c the approximation differs, so the formula test above sees c."""
     config = LlamaConfig.from_name("tiny", vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, norm="bhyt")
-    model = Llama(config).double().eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.ndim == 2:
-                p.normal_(0, 0.2)
-    model.refresh_norm_constants()
+    model = _float64_model(config)
     c = float(model.layers[0].norms.c)
     assert c == pytest.approx(vo_constant_ref(model.layers[0].attn, 1024), rel=1e-6)
     idx = torch.randint(0, 64, (1, 9))
