@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from bhyt_pl.norms import NormScheme
 
 __all__ = ["LlamaConfig", "PRESETS"]
 
@@ -76,7 +79,7 @@ class LlamaConfig:
             raise ValueError("invalid LlamaConfig:\n  - " + "\n  - ".join(problems))
         self.norm_scheme()  # unknown names and bad norm arguments fail here, before any work
 
-    def norm_scheme(self):  # -> NormScheme (import cycle otherwise)
+    def norm_scheme(self) -> NormScheme:
         """The norm scheme this config names, built from the registry."""
         from bhyt_pl.norms import build_norm_scheme
 

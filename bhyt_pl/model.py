@@ -190,7 +190,7 @@ class Llama(nn.Module):
         return rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, dtype)
 
     def forward(self, idx: torch.Tensor, cache: KVCache | None = None, start_pos: int = 0) -> torch.Tensor:
-        """Logits [B, T, V] (float32-or-wider not forced) for token ids ``idx`` [B, T].
+        """Logits [B, T, V], in the parameters' dtype, for token ids ``idx`` [B, T].
 
         With ``cache``, ``idx`` holds the tokens at positions ``start_pos:start_pos+T`` and attends
         to the cached prefix as well.

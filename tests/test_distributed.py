@@ -194,9 +194,8 @@ def test_every_norm_scheme_trains_under_fsdp2(tmp_path) -> None:
 
 
 def test_sigkill_then_resume_from_last_is_identical_in_one_process(tmp_path) -> None:
-    embedded = None  # the recipe's embedded C4 (resumable streaming loader)
     extra = ["--data.init_args.seq_len", "32", "--data.init_args.batch_size", "4"]
-    full = records(_fit(tmp_path, "full", steps=8, data=embedded, extra=extra))[0]
+    full = records(_fit(tmp_path, "full", steps=8, extra=extra))[0]  # the recipe's embedded C4
     _fit(tmp_path, "cut", steps=8, kill_at=4, extra=extra)
     cut_dir = tmp_path / "records" / "cut"
     before = records(cut_dir)[0]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 from reference_model import vo_constant_ref
@@ -144,4 +142,3 @@ def test_variance_bound_condition() -> None:
     assert not satisfies_variance_bound(2.5, 10.0, 16)  # strict
     report = BHyTScheme(lambda_attn=3.0, lambda_mlp=1.0).variance_bound_report(16)
     assert report == {"lambda_attn": False, "lambda_mlp": True, "all": False}
-    assert 1.0 / 10.0 < 1 / math.sqrt(16)
