@@ -1,7 +1,9 @@
-"""Loading ``LlamaLM`` checkpoints for evaluation, generation and fine-tuning with one call."""
+"""Loading ``LlamaLM`` checkpoints for evaluation, generation and fine-tuning with one call, and the
+check that a resumed run has the configuration its checkpoint was trained with."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -9,9 +11,30 @@ from typing import Any
 import torch
 
 from bhyt_pl.config import LlamaConfig
+from bhyt_pl.errors import UsageError
 from bhyt_pl.model import Llama
 
-__all__ = ["LoadedModel", "load_model", "load_model_state", "read_checkpoint", "read_model_config"]
+__all__ = [
+    "RESUME_MAY_CHANGE",
+    "RESUME_MUST_MATCH",
+    "LoadedModel",
+    "load_model",
+    "load_model_state",
+    "read_checkpoint",
+    "read_checkpoint_metadata",
+    "read_model_config",
+    "resume_mismatches",
+]
+
+RESUME_MUST_MATCH = ("seq_len", "tokenizer", "lr", "min_lr_ratio", "warmup_ratio", "warmup_steps", "weight_decay",
+                     "betas", "adam_eps")  # fmt: skip
+"""``LlamaLM`` arguments a resume must repeat, besides the whole model config (preset, overrides, norm,
+norm_args): they decide the data windows, the tokens and the optimisation the checkpoint continues."""
+
+RESUME_MAY_CHANGE = ("compile", "activation_checkpointing", "fsdp_mixed_precision", "init_checkpoint")
+"""``LlamaLM`` arguments a resume may change: how the same computation runs, or (``init_checkpoint``)
+weights the checkpoint's replace anyway. Every ``trainer.*`` setting may change too (``max_steps`` to
+train longer, devices, precision, logging), and the ``data`` module except its sequence length."""
 
 
 @dataclass
@@ -39,10 +62,70 @@ def read_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
 
         checkpoint = load_sharded_checkpoint(path)
     else:
-        checkpoint = torch.load(path, map_location=map_location, weights_only=False, mmap=mmap)
-    if "bhyt_pl" not in checkpoint or "state_dict" not in checkpoint:
-        raise ValueError(f"{str(path)!r} is not a bhyt_pl LlamaLM checkpoint (no 'bhyt_pl' model config entry)")
+        checkpoint = _torch_load(path, map_location=map_location, mmap=mmap)
+    if not isinstance(checkpoint, dict) or "bhyt_pl" not in checkpoint or "state_dict" not in checkpoint:
+        raise UsageError(f"{str(path)!r} is not a bhyt_pl LlamaLM checkpoint (no 'bhyt_pl' model config entry)")
     return checkpoint
+
+
+def _torch_load(path: Path, **kwargs: Any) -> Any:
+    """``torch.load`` whose failure on a file that is not a checkpoint names the file, not a pickle opcode."""
+    try:
+        return torch.load(path, weights_only=False, **kwargs)
+    except Exception as err:  # any unpickling or zip error means the same thing to the user
+        raise UsageError(
+            f"{str(path)!r} is not a checkpoint torch can read ({type(err).__name__}: {err}); "
+            f"give a .ckpt file written by bhyt_pl (e.g. runs/<run_name>/version_N/checkpoints/last.ckpt)"
+        ) from None
+
+
+def read_checkpoint_metadata(path: str | Path) -> dict[str, Any]:
+    """A ``LlamaLM`` checkpoint's entries without loading its tensors: ``bhyt_pl`` (the model config),
+    ``hyper_parameters``, ``global_step``, ... A file is memory-mapped; a sharded folder's ``meta.pt`` is read."""
+    path = Path(path)
+    if not path.exists():
+        raise UsageError(f"checkpoint {str(path)!r} does not exist")
+    if path.is_dir():
+        if not (path / "meta.pt").exists():
+            raise UsageError(f"{str(path)!r} is a folder but not a sharded checkpoint (no meta.pt)")
+        checkpoint = _torch_load(path / "meta.pt", map_location="cpu")
+    else:
+        checkpoint = _torch_load(path, map_location="cpu", mmap=True)
+    if not isinstance(checkpoint, dict) or "bhyt_pl" not in checkpoint:
+        raise UsageError(f"{str(path)!r} is not a bhyt_pl LlamaLM checkpoint (no 'bhyt_pl' model config entry)")
+    return checkpoint
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def resume_mismatches(config: LlamaConfig, hparams: Mapping[str, Any], checkpoint: Mapping[str, Any]) -> list[str]:
+    """One line per setting where this run differs from the checkpoint it resumes, each named as the
+    command line names it: the model config (``model.preset``, ``model.norm``, ``model.norm_args.<key>``
+    including BHyT's ``seq_len``, ``model.overrides.<field>``) and ``RESUME_MUST_MATCH``. Empty: compatible."""
+    saved_config = dict(checkpoint["bhyt_pl"]["model_config"])
+    ours = config.to_dict()
+    lines = []
+
+    def differ(label: str, saved: Any, current: Any) -> None:
+        if _plain(saved) != _plain(current):
+            lines.append(f"{label}: checkpoint {saved!r}, this run {current!r}")
+
+    for key in sorted(set(saved_config) | set(ours)):
+        saved, current = saved_config.get(key), ours.get(key)
+        if key == "norm_args":
+            saved, current = saved or {}, current or {}
+            for arg in sorted(set(saved) | set(current)):
+                differ(f"model.norm_args.{arg}", saved.get(arg, "<unset>"), current.get(arg, "<unset>"))
+        else:
+            label = {"name": "model.preset", "norm": "model.norm"}.get(key, f"model.overrides.{key}")
+            differ(label, saved, current)
+    saved_hparams = checkpoint.get("hyper_parameters") or {}
+    for key in RESUME_MUST_MATCH:
+        if key in saved_hparams and key in hparams:
+            differ(f"model.{key}", saved_hparams[key], hparams[key])
+    return lines
 
 
 def read_model_config(path: str | Path) -> LlamaConfig:

@@ -1,26 +1,37 @@
 """``python -m bhyt_pl``: LightningCLI for fit/validate/test/predict, plus the package's own tools.
 
-The LightningCLI subclass only adds defaults and argument links (style practice 16):
+The LightningCLI subclass adds defaults, argument links and the checks that keep a run's work safe:
 - ``model.seq_len`` and ``model.tokenizer`` come from the instantiated data module;
-- runs log to TensorBoard under ``<runs_dir>/<run_name>/version_N`` (``run_name`` defaults to
-  ``<preset>-<norm>``) and checkpoint to ``<runs_dir>/<run_name>/checkpoints`` (``last.ckpt``
-  is kept), so ``--ckpt_path last`` finds the previous run's last checkpoint;
-- ``ModelCheckpoint`` (``--checkpoint.*``) and ``LearningRateMonitor`` (``--lr_monitor.*``) are always on,
-  and ``TokenThroughputMonitor`` (tokens/s in the progress bar) unless the config already has one;
-- single-file checkpoints are written atomically (``AtomicCheckpointIO``) unless ``trainer.plugins`` is set.
+- a run writes to ``<runs_dir>/<run_name>/version_N/`` (``run_name`` defaults to ``<preset>-<norm>``):
+  TensorBoard log, ``config.yaml`` and ``checkpoints/`` (``last.ckpt`` at the final step, on SIGTERM
+  and on Ctrl-C); ``version_N`` is claimed atomically (``bhyt_pl.runs``);
+- ``--ckpt_path last`` is the newest version's last checkpoint under ``<runs_dir>/<run_name>/``
+  (or the older ``<run_name>/checkpoints/`` layout), an error when there is none; a resume writes
+  into the version folder of the checkpoint it continues, and fails before any work when the model
+  config differs from the checkpoint's (``bhyt_pl.checkpoint.resume_mismatches``);
+- ``RunCheckpoint`` (``--checkpoint.*``), ``LearningRateMonitor`` (``--lr_monitor.*``) and the step
+  progress bar are always on, and ``TokenThroughputMonitor`` (tokens/s in the progress bar) unless the
+  config already has one;
+- single-file checkpoints are written atomically (``AtomicCheckpointIO``) unless ``trainer.plugins`` is set;
+- on the command line, problems the user fixes (bad settings, files, a full disk) print one short
+  error without a traceback and exit with status 2.
 """
 
 from __future__ import annotations
 
+import errno
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from jsonargparse import Namespace
 from lightning.pytorch import LightningDataModule
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.cli import LightningCLI
 
+from bhyt_pl.callbacks.checkpointing import RunCheckpoint
+from bhyt_pl.errors import UsageError
 from bhyt_pl.module import LlamaLM
 
 __all__ = ["BHyTCLI", "main"]
@@ -56,53 +67,191 @@ def _norm_label(norm: Any) -> str:
 
 
 class BHyTCLI(LightningCLI):
-    """LightningCLI with bhyt_pl's defaults and links."""
+    """LightningCLI with bhyt_pl's defaults, links, run layout and resume checks."""
 
     def add_arguments_to_parser(self, parser) -> None:  # noqa: ANN001 - jsonargparse parser
         parser.add_argument("--runs_dir", type=str, default="runs", help="Root directory of logs and checkpoints.")
         parser.add_argument(
             "--run_name", type=str | None, default=None, help="Run directory name; default '<preset>-<norm>'."
         )
-        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.add_lightning_class_args(RunCheckpoint, "checkpoint")
         parser.set_defaults({"checkpoint.save_last": True, "checkpoint.every_n_train_steps": 1000})
         parser.add_lightning_class_args(LearningRateMonitor, "lr_monitor")
         parser.set_defaults({"lr_monitor.logging_interval": "step"})
         parser.link_arguments("data", "model.seq_len", compute_fn=_data_seq_len, apply_on="instantiate")
         parser.link_arguments("data", "model.tokenizer", compute_fn=_data_tokenizer, apply_on="instantiate")
 
-    def before_instantiate_classes(self) -> None:
-        cfg = self.config[self.subcommand] if self.subcommand else self.config
+    def _subcommand_config(self) -> Namespace:
+        subcommand = self.config.get("subcommand")
+        return self.config[subcommand] if subcommand else self.config
+
+    @staticmethod
+    def _run_dir(cfg: Namespace) -> Path:
         run_name = cfg.run_name or f"{cfg.model.preset}-{_norm_label(cfg.model.norm)}"
+        return Path(cfg.runs_dir) / run_name
+
+    def _parse_ckpt_path(self) -> None:
+        """Resolve ``--ckpt_path last`` with the package's own lookup and check the file is a checkpoint.
+
+        Replaces LightningCLI's version, which silently overwrites ``--model.*`` with the checkpoint's
+        hyperparameters (so ``--model.norm``, ``--model.preset`` and ``--model.lr`` had no effect); a
+        differing config is an error instead (``before_fit``)."""
+        if not self.config.get("subcommand"):
+            return
+        cfg = self._subcommand_config()
+        ckpt_path = cfg.get("ckpt_path")
+        if ckpt_path == "last":
+            from bhyt_pl.runs import find_last_checkpoint, last_checkpoint_candidates
+
+            run_dir = self._run_dir(cfg)
+            found = find_last_checkpoint(run_dir)
+            if found is None:
+                looked = ", ".join(str(p) for p in last_checkpoint_candidates(run_dir))
+                raise UsageError(
+                    f"--ckpt_path last: nothing to resume under {str(run_dir)!r} (looked in {looked}); "
+                    f"the run folder is <runs_dir>/<run_name> with run_name defaulting to <preset>-<norm>: check "
+                    f"--runs_dir, --run_name and --model.norm, or drop --ckpt_path to start a new run"
+                )
+            cfg.ckpt_path = str(found)
+        elif ckpt_path in (None, "best", "hpc") or str(ckpt_path).startswith("registry"):
+            return
+        from bhyt_pl.checkpoint import read_checkpoint_metadata
+
+        self._checkpoint_meta = read_checkpoint_metadata(cfg.ckpt_path)
+
+    def before_instantiate_classes(self) -> None:
+        cfg = self._subcommand_config()
+        run_dir = self._run_dir(cfg)
         if cfg.trainer.logger is None or cfg.trainer.logger is True:
-            cfg.trainer.logger = {
-                "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
-                "init_args": {"save_dir": cfg.runs_dir, "name": run_name},
-            }
-        if cfg.checkpoint.dirpath is None:
-            cfg.checkpoint.dirpath = f"{cfg.runs_dir}/{run_name}/checkpoints"
+            logger_args: dict[str, Any] = {"save_dir": cfg.runs_dir, "name": run_dir.name}
+            resumed = _resumed_run_version(cfg.get("ckpt_path")) if self.subcommand == "fit" else None
+            if resumed is not None:  # a resume continues its version folder: one run, one TensorBoard curve
+                runs_dir, name, version = resumed
+                logger_args = {"save_dir": str(runs_dir), "name": name, "version": version}
+            cfg.trainer.logger = {"class_path": "bhyt_pl.runs.RunLogger", "init_args": logger_args}
+        if cfg.checkpoint.dirpath is None and cfg.trainer.logger is False:
+            cfg.checkpoint.dirpath = str(run_dir / "checkpoints")  # no version folders without a logger
         callbacks = list(cfg.trainer.callbacks or [])
         if not any(str(getattr(cb, "class_path", "")).endswith("TokenThroughputMonitor") for cb in callbacks):
             # tokens/s in the progress bar by default; a preset (callbacks/throughput.yaml) configures it
             callbacks.append(Namespace(class_path="bhyt_pl.callbacks.TokenThroughputMonitor", init_args=Namespace()))
-            cfg.trainer.callbacks = callbacks
+        progress_bars = ("ProgressBar", "TQDMProgressBar", "RichProgressBar", "StepProgressBar")
+        has_bar = any(str(getattr(cb, "class_path", "")).rsplit(".", 1)[-1] in progress_bars for cb in callbacks)
+        if cfg.trainer.enable_progress_bar is not False and not has_bar:
+            callbacks.append(Namespace(class_path="bhyt_pl.callbacks.StepProgressBar", init_args=Namespace()))
+        cfg.trainer.callbacks = callbacks
         if not cfg.trainer.plugins:  # a kill during a save never leaves a truncated last.ckpt
             cfg.trainer.plugins = [{"class_path": "bhyt_pl.distributed.AtomicCheckpointIO"}]
 
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except (ValueError, TypeError) as err:  # a bad setting found by a constructor: the message names it
+            raise UsageError(str(err)) from err
 
-def main(args: list[str] | None = None, run: bool = True, **kwargs: Any) -> BHyTCLI | int | None:
-    """Entry point. ``args`` defaults to ``sys.argv[1:]``; tools (``eval``, ``bench``, ...) return an exit code."""
+    def _check_checkpoint_config(self) -> None:
+        """Fail before any work when the model config differs from the checkpoint's (resume or evaluation)."""
+        meta = getattr(self, "_checkpoint_meta", None)
+        if meta is None or not isinstance(self.model, LlamaLM):
+            return
+        from bhyt_pl.checkpoint import resume_mismatches
+
+        problems = resume_mismatches(self.model.config, self.model.hparams, meta)
+        if problems:
+            path = self._subcommand_config().ckpt_path
+            raise UsageError(
+                f"the configuration differs from the checkpoint {path}:\n  - " + "\n  - ".join(problems) + "\n"
+                f"Repeat the checkpoint's settings (its run's config.yaml holds them), or start a new run from its "
+                f"weights with --model.init_checkpoint {path} (without --ckpt_path)"
+            )
+
+    before_fit = before_validate = before_test = before_predict = _check_checkpoint_config
+
+
+def _resumed_run_version(ckpt_path: str | None) -> tuple[Path, str, int] | None:
+    if not ckpt_path:
+        return None
+    from bhyt_pl.runs import checkpoint_run_version
+
+    return checkpoint_run_version(ckpt_path)
+
+
+def _check_yaml_files(argv: list[str]) -> None:
+    """A YAML syntax error names its file (jsonargparse reports only ``<unicode string>``, which is
+    ambiguous with several stacked ``--config`` files)."""
+    import yaml
+
+    for i, arg in enumerate(argv):
+        if arg in ("--config", "-c") and i + 1 < len(argv):
+            path = Path(argv[i + 1])
+        elif arg.startswith("--config="):
+            path = Path(arg.split("=", 1)[1])
+        else:
+            continue
+        if not path.is_file():
+            continue
+        try:
+            yaml.safe_load(path.read_text())
+        except yaml.YAMLError as err:
+            raise UsageError(f"YAML syntax error in {str(path)!r}: {err}") from None
+
+
+def _disk_full(err: BaseException) -> OSError | None:
+    """The ``No space left on device`` error in an exception's chain (torch wraps it in its own errors)."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+            return err
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def user_error_message(err: BaseException) -> str | None:
+    """The short message the command line prints for an error the user fixes, None for any other
+    (which keeps its traceback)."""
+    full = _disk_full(err)
+    if full is not None:
+        where = f" while writing {full.filename}" if full.filename else ""
+        return (
+            f"no space left on device{where}: {full.strerror or full}. Free space, or write the run elsewhere "
+            f"with --runs_dir; the previous last.ckpt is intact (checkpoints are written atomically)"
+        )
+    if isinstance(err, (UsageError, FileNotFoundError, PermissionError)):
+        return str(err)
+    return None
+
+
+def main(
+    args: list[str] | None = None, run: bool = True, handle_errors: bool | None = None, **kwargs: Any
+) -> BHyTCLI | int | None:
+    """Entry point. ``args`` defaults to ``sys.argv[1:]``; tools (``eval``, ``bench``, ...) return an exit code.
+
+    ``handle_errors`` (default: when reading ``sys.argv``, i.e. on the command line) prints a problem the
+    user fixes as one ``error: ...`` line without a traceback and exits with status 2; from Python the
+    exception propagates (a ``UsageError`` is a ``ValueError``)."""
     argv = list(sys.argv[1:] if args is None else args)
-    if argv and argv[0] in TOOLS:
-        import importlib
+    if handle_errors is None:
+        handle_errors = args is None
+    try:
+        if argv and argv[0] in TOOLS:
+            import importlib
 
-        tool: Callable[[list[str]], int] = importlib.import_module(TOOLS[argv[0]]).main
-        return tool(argv[1:])
-    return BHyTCLI(
-        LlamaLM,
-        LightningDataModule,
-        subclass_mode_data=True,
-        save_config_kwargs={"overwrite": True},
-        args=argv if (args is not None or not run) else None,
-        run=run,
-        **kwargs,
-    )
+            tool: Callable[[list[str]], int] = importlib.import_module(TOOLS[argv[0]]).main
+            return tool(argv[1:])
+        _check_yaml_files(argv)
+        return BHyTCLI(
+            LlamaLM,
+            LightningDataModule,
+            subclass_mode_data=True,
+            save_config_kwargs={"overwrite": True},
+            args=argv if (args is not None or not run) else None,
+            run=run,
+            **kwargs,
+        )
+    except Exception as err:
+        message = user_error_message(err) if handle_errors else None
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        raise SystemExit(2) from None

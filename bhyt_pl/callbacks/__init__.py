@@ -1,10 +1,13 @@
-"""Lightning callbacks: depth-wise activation statistics, throughput/MFU/memory, norm-constant refresh.
+"""Lightning callbacks: depth-wise activation statistics, throughput/MFU/memory, norm-constant refresh,
+the checkpoint callback that loses no work, and the step progress bar.
 
 YAML presets that append each of them to any recipe live in the top-level ``callbacks/`` directory.
 """
 
+from bhyt_pl.callbacks.checkpointing import RunCheckpoint
 from bhyt_pl.callbacks.depth_stats import SITES, DepthStatsCollector, DepthStatsMonitor, depth_figures
 from bhyt_pl.callbacks.norm_refresh import NormConstantRefresh, default_refresh_interval, norm_refresh_callbacks
+from bhyt_pl.callbacks.progress import StepProgressBar
 from bhyt_pl.callbacks.throughput import (
     PEAK_FLOPS,
     TokenThroughputMonitor,
@@ -19,6 +22,8 @@ __all__ = [
     "DepthStatsCollector",
     "DepthStatsMonitor",
     "NormConstantRefresh",
+    "RunCheckpoint",
+    "StepProgressBar",
     "TokenThroughputMonitor",
     "batch_samples",
     "batch_tokens",

@@ -20,6 +20,7 @@ __all__ = [
     "BlockNorms",
     "NormScheme",
     "build_norm_scheme",
+    "check_norm_args",
     "registered_norms",
     "register_norm",
     "second_moment",
@@ -72,7 +73,62 @@ def build_norm_scheme(norm: str | NormScheme, **kwargs: Any) -> NormScheme:
         raise TypeError(f"norm must be a registry name (str) or a NormScheme, got {type(norm).__name__}")
     if norm not in _REGISTRY:
         raise ValueError(f"unknown norm {norm!r}; registered norms: {', '.join(registered_norms())}")
+    check_norm_args(_REGISTRY[norm], kwargs)
     return _REGISTRY[norm](**kwargs)
+
+
+def check_norm_args(scheme: type[NormScheme], kwargs: dict[str, Any]) -> None:
+    """Raise a ``ValueError`` naming each unknown argument of ``scheme`` (with the accepted ones) and a
+    ``TypeError`` naming each argument whose value does not match its annotation.
+
+    Hand-written rather than a type-checking library: scheme arguments are plain numbers, flags,
+    strings and their optionals, and the check must name the scheme's field the way a recipe spells it."""
+    import typing
+
+    params = {n: p for n, p in inspect.signature(scheme.__init__).parameters.items() if n != "self"}
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return
+    unknown = sorted(set(kwargs) - set(params))
+    if unknown:
+        raise ValueError(
+            f"norm {scheme.name!r} has no argument(s) {', '.join(map(repr, unknown))}; "
+            f"its arguments: {', '.join(params) or '(none)'}"
+        )
+    hints = typing.get_type_hints(scheme.__init__)
+    wrong = [
+        f"{name}={value!r} ({type(value).__name__}) is not {_type_name(hints[name])}"
+        for name, value in kwargs.items()
+        if name in hints and not _matches(value, hints[name])
+    ]
+    if wrong:
+        raise TypeError(f"norm {scheme.name!r} argument(s) of the wrong type: {'; '.join(wrong)}")
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    """Whether ``value`` fits ``hint`` (numbers: an int is a float, a bool is neither); unknown hints pass."""
+    import types
+    import typing
+
+    origin = typing.get_origin(hint)
+    if hint is Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, h) for h in typing.get_args(hint))
+    if origin is typing.Literal:
+        return value in typing.get_args(hint)
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(hint, type):
+        return isinstance(value, hint)
+    return True
+
+
+def _type_name(hint: Any) -> str:
+    return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
 
 
 def second_moment(x: torch.Tensor) -> torch.Tensor:

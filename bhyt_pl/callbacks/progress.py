@@ -1,0 +1,56 @@
+"""``StepProgressBar``: training progress as optimizer steps out of the run's total.
+
+Lightning's bar counts batches of the current epoch out of the loader's length (an infinite stream
+shows ``150/150`` forever, a resume ``160/9``) and prints ``Epoch 0/-2`` without ``max_epochs``.
+Pretraining is measured in steps, so this bar shows ``trainer.global_step`` out of
+``trainer.estimated_stepping_batches`` (``max_steps`` when set), continuing from the resumed step.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import TQDMProgressBar
+from typing_extensions import override
+
+__all__ = ["StepProgressBar"]
+
+
+class StepProgressBar(TQDMProgressBar):
+    """A TQDM progress bar whose training bar reads ``global_step / total steps``.
+
+    Example:
+        >>> import lightning as L
+        >>> trainer = L.Trainer(callbacks=[StepProgressBar()], max_steps=100)
+    """
+
+    @staticmethod
+    def total_steps(trainer: L.Trainer) -> int | None:
+        """Optimizer steps of the whole run, None when unknown (infinite data without ``max_steps``)."""
+        if trainer.max_steps is not None and trainer.max_steps > 0:
+            return trainer.max_steps
+        total = trainer.estimated_stepping_batches
+        return int(total) if math.isfinite(total) else None
+
+    @override
+    def on_train_epoch_start(self, trainer: L.Trainer, *_: Any) -> None:
+        super().on_train_epoch_start(trainer)
+        bar = self.train_progress_bar
+        bar.reset(total=self.total_steps(trainer))
+        bar.n = trainer.global_step
+        epoch_based = trainer.max_steps is None or trainer.max_steps < 0
+        bar.set_description(f"Epoch {trainer.current_epoch} step" if epoch_based else "Step")
+        bar.refresh()
+
+    @override
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        bar = self.train_progress_bar
+        step = trainer.global_step
+        if bar is not None and self._should_update(step, bar.total) and not bar.disable:
+            bar.n = step
+            bar.refresh()
+            bar.set_postfix(self.get_metrics(trainer, pl_module))

@@ -1,0 +1,115 @@
+"""Where a run writes: ``<runs_dir>/<run_name>/version_N/`` holds its TensorBoard log, ``config.yaml``
+and ``checkpoints/`` (``last.ckpt``); one run version is one folder and one TensorBoard curve.
+
+- ``RunLogger`` claims the next ``version_N`` atomically (``mkdir`` either creates the folder or fails),
+  so two runs started at the same instant never share a version. Under DDP/FSDP rank 0 claims it and
+  ``RunCheckpoint`` broadcasts it to the other ranks.
+- ``find_last_checkpoint`` is what ``--ckpt_path last`` means: the newest version's last checkpoint,
+  falling back to the layout before versioned folders (``<run_name>/checkpoints/``).
+- ``checkpoint_run_version`` tells which run version a checkpoint belongs to, so a resume continues in it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from lightning.fabric.utilities.rank_zero import rank_zero_only
+from lightning.pytorch.loggers import TensorBoardLogger
+from typing_extensions import override
+
+__all__ = [
+    "RunLogger",
+    "checkpoint_run_version",
+    "claim_version",
+    "find_last_checkpoint",
+    "last_checkpoint_candidates",
+]
+
+_VERSION = re.compile(r"version_(\d+)")
+LAST = "last"
+"""Stem of the last checkpoint (Lightning's ``ModelCheckpoint.CHECKPOINT_NAME_LAST``)."""
+
+
+def _versions(run_dir: Path) -> list[int]:
+    """Version numbers of the ``version_N`` folders under ``run_dir``, ascending."""
+    if not run_dir.is_dir():
+        return []
+    return sorted(int(m.group(1)) for p in run_dir.iterdir() if p.is_dir() and (m := _VERSION.fullmatch(p.name)))
+
+
+def claim_version(run_dir: str | Path) -> int:
+    """Create ``run_dir/version_N`` for the smallest N above every existing version and return N.
+
+    ``os.mkdir`` is atomic: when two processes race for the same N, one creates it and the other moves on."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    versions = _versions(run_dir)
+    version = versions[-1] + 1 if versions else 0
+    while True:
+        try:
+            os.mkdir(run_dir / f"version_{version}")
+            return version
+        except FileExistsError:
+            version += 1
+
+
+def _newest_last(folder: Path) -> Path | None:
+    """The most recently written ``last*.ckpt`` in a checkpoint folder (file, or folder when sharded)."""
+    if not folder.is_dir():
+        return None
+    found = [p for p in folder.iterdir() if p.suffix == ".ckpt" and re.fullmatch(rf"{LAST}(-v\d+)?", p.stem)]
+    return max(found, key=lambda p: p.stat().st_mtime, default=None)
+
+
+def last_checkpoint_candidates(run_dir: str | Path) -> list[Path]:
+    """The folders ``find_last_checkpoint`` searches, in order (for error messages and docs)."""
+    run_dir = Path(run_dir)
+    return [run_dir / f"version_{v}" / "checkpoints" for v in reversed(_versions(run_dir))] + [run_dir / "checkpoints"]
+
+
+def find_last_checkpoint(run_dir: str | Path) -> Path | None:
+    """The last checkpoint of the newest run version under ``run_dir`` (highest ``version_N`` that has one),
+    else the newest ``last*.ckpt`` of the old layout ``run_dir/checkpoints/``; None when there is none."""
+    for folder in last_checkpoint_candidates(run_dir):
+        found = _newest_last(folder)
+        if found is not None:
+            return found
+    return None
+
+
+def checkpoint_run_version(path: str | Path) -> tuple[Path, str, int] | None:
+    """``(runs_dir, run_name, N)`` of a checkpoint at ``<runs_dir>/<run_name>/version_N/checkpoints/<file>``,
+    or None for a checkpoint elsewhere (old layout, a copied file)."""
+    path = Path(path).absolute()
+    version_dir = path.parent.parent
+    match = _VERSION.fullmatch(version_dir.name)
+    if path.parent.name != "checkpoints" or match is None:
+        return None
+    return version_dir.parent.parent, version_dir.parent.name, int(match.group(1))
+
+
+class RunLogger(TensorBoardLogger):
+    """``TensorBoardLogger`` whose new version folder is claimed atomically (``claim_version``).
+
+    Lightning's logger lists the folders and takes the next number, so two runs starting together get
+    the same one. Only rank 0 claims; other ranks compute a provisional number until ``adopt_version``
+    gives them rank 0's (``RunCheckpoint.setup`` broadcasts it). Pass ``version`` to write into an
+    existing version (a resume).
+
+    Example:
+        >>> logger = RunLogger("runs", name="tiny-bhyt")  # doctest: +SKIP
+        >>> logger.log_dir  # doctest: +SKIP
+        'runs/tiny-bhyt/version_0'
+    """
+
+    @override
+    def _get_next_version(self) -> int:
+        if rank_zero_only.rank != 0:
+            return super()._get_next_version()
+        return claim_version(self.root_dir)
+
+    def adopt_version(self, version: int | str) -> None:
+        """Use rank 0's version on this rank (a version number or folder name)."""
+        self._version = version
