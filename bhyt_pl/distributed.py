@@ -9,6 +9,7 @@ read in one process.
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import re
 import tempfile
@@ -42,9 +43,19 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 os.fsync(f.fileno())
             os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; give the file the usual mode
             os.replace(tmp, path)  # atomic on POSIX within one filesystem
-        except BaseException:
+        except BaseException as err:
             Path(tmp).unlink(missing_ok=True)
+            if _is_disk_full(err):  # torch reports it as an opaque writer error with the OSError in its chain
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from err
             raise
+
+
+def _is_disk_full(err: BaseException | None) -> bool:
+    while err is not None:
+        if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+            return True
+        err = err.__cause__ or err.__context__
+    return False
 
 
 def _umask() -> int:

@@ -112,10 +112,10 @@ class LlamaLM(L.LightningModule):
             self.config = LlamaConfig(**{**config.to_dict(), **(overrides or {})})
         else:
             self.config = self.build_config(preset, overrides or {}, norm, norm_args or {}, seq_len)
-        # hyperparameters are plain data: the norm is stored as its registry name and arguments
+        # hyperparameters are plain data: the norm is stored as its registry name and resolved arguments,
+        # also in hparams_initial, which hparams.yaml and TensorBoard's HPARAMS are written from
         self.save_hyperparameters(ignore=["norm", "norm_args"])
-        self.hparams["norm"] = self.config.norm
-        self.hparams["norm_args"] = dict(self.config.norm_args)
+        self.save_hyperparameters({**self.hparams, "norm": self.config.norm, "norm_args": dict(self.config.norm_args)})
         self.model: Llama | None = None
         self.val_loss = MeanMetric()
         self.test_loss = MeanMetric()

@@ -161,7 +161,9 @@ class TokenThroughputMonitor(ThroughputMonitor):
         if self.memory:
             metrics.update(self.memory_metrics(trainer.strategy.root_device))
         self.latest = metrics
-        trainer._logger_connector.log_metrics(metrics, step=iter_num)
+        # against the global step like every other curve: Lightning passes the validation batch counter for
+        # validation, which made validate/* and memory/* zig-zag, and micro-batches under accumulation
+        trainer._logger_connector.log_metrics(metrics, step=trainer.global_step)
 
     @staticmethod
     def rename(raw: dict[str, float], prefix: str, world_size: int) -> dict[str, float]:

@@ -12,9 +12,12 @@ Batches are ``{"input_ids": window[:, :-1], "labels": window[:, 1:]}``, both [B,
 from __future__ import annotations
 
 import glob
+import gzip
 import json
 import logging
+import lzma
 import os
+import zlib
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -24,6 +27,7 @@ from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from bhyt_pl.data.tokenizer import ASSETS_DIR, EMBEDDED, HUB_TOKENIZER, SpecialTokens, load_tokenizer
+from bhyt_pl.errors import UsageError
 
 __all__ = ["EMBEDDED_DATA_FILES", "C4DataModule", "PackedWindows", "ResumableLoader", "read_documents"]
 
@@ -39,34 +43,56 @@ _ENCODE_BATCH = 64  # documents per encode_batch call: amortizes the Python/Rust
 
 
 # ----------------------------------------------------------------------------- reading
-def read_documents(files: list[str], skipped: Counter | None = None) -> Iterator[dict[str, str]]:
+_UNREADABLE = (EOFError, gzip.BadGzipFile, zlib.error, lzma.LZMAError)
+"""What a truncated or corrupted compressed shard raises part-way (``BadGzipFile`` also on a non-gzip file)."""
+
+
+def read_documents(
+    files: list[str], skipped: Counter | None = None, unreadable: dict[str, str] | None = None
+) -> Iterator[dict[str, str]]:
     """Yield ``{"text": ...}`` for every valid line of C4-format JSON-lines ``files`` (gzip or plain,
     local or any fsspec URL such as ``hf://datasets/allenai/c4/...``).
 
     A line that is not JSON, has no ``text`` or a non-string ``text`` is skipped and counted in
     ``skipped`` (keys ``not_json``, ``no_text``, ``text_not_str``); each file's count is logged. This
     reader replaces ``datasets``' JSON builder, which aborts the whole shard on one malformed line.
+
+    A shard that breaks part-way (truncated download, corrupted gzip) keeps the documents read before
+    the break; the rest of it is skipped, logged with its name and the reason, counted in ``skipped``
+    as ``unreadable_shard`` and recorded in ``unreadable`` (``path -> reason``). The break is at the
+    same place on every read, so a resume re-reads exactly the same documents.
     """
     import fsspec
 
     skipped = Counter() if skipped is None else skipped
     for path in files:
         bad = Counter()
-        with fsspec.open(path, "rt", compression="infer", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
-                    bad["not_json"] += 1
-                    continue
-                if not isinstance(row, dict) or "text" not in row:
-                    bad["no_text"] += 1
-                elif not isinstance(row["text"], str):
-                    bad["text_not_str"] += 1
-                else:
-                    yield {"text": row["text"]}
+        kept = 0
+        try:
+            with fsspec.open(path, "rt", compression="infer", encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    if not line.strip():
+                        continue
+                    try:
+                        row = json.loads(line)
+                    except json.JSONDecodeError:
+                        bad["not_json"] += 1
+                        continue
+                    if not isinstance(row, dict) or "text" not in row:
+                        bad["no_text"] += 1
+                    elif not isinstance(row["text"], str):
+                        bad["text_not_str"] += 1
+                    else:
+                        kept += 1
+                        yield {"text": row["text"]}
+        except _UNREADABLE as err:
+            reason = f"{type(err).__name__}: {err}"
+            log.warning(
+                "C4 shard %s is unreadable after %d document(s) (%s): skipping the rest of it", path, kept, reason
+            )
+            bad["unreadable_shard"] += 1
+            if unreadable is not None:
+                unreadable[path] = reason
         if bad:
             log.warning("skipped %d malformed line(s) in %s: %s", sum(bad.values()), path, dict(bad))
             skipped.update(bad)
@@ -384,9 +410,16 @@ class C4DataModule(LightningDataModule):
         source = self.data_files if self.data_files is not None else f"{self.path}/{self.name}"
         if self.train_split not in files:
             raise ValueError(f"C4 source {source!r} has no {self.train_split!r} split; splits: {sorted(files)}")
-        # an empty source fails here, not after the first steps: read until one valid document
-        if next(read_documents(files[self.train_split]), None) is None:
-            raise ValueError(
+        # an empty or unreadable source fails here, not after the first steps: read until one valid document
+        unreadable: dict[str, str] = {}
+        if next(read_documents(files[self.train_split], unreadable=unreadable), None) is None:
+            if len(unreadable) == len(files[self.train_split]):
+                listed = "\n  - ".join(f"{path}: {reason}" for path, reason in unreadable.items())
+                raise UsageError(
+                    f"C4 source {source!r} split {self.train_split!r}: no shard is readable:\n  - {listed}\n"
+                    f"re-download or replace these files, or point --data.data_files elsewhere"
+                )
+            raise UsageError(
                 f"C4 source {source!r} split {self.train_split!r} has no document with a string 'text' "
                 f"in {len(files[self.train_split])} file(s); check the files or point --data.data_files elsewhere"
             )

@@ -53,13 +53,23 @@ def parse_row(row: dict[str, Any]) -> list[str] | str:
     """The turns of one row (user, assistant, user, ...), or the reason it is skipped.
 
     LIMA rows give ``conversations``; alpaca rows become one turn pair, the user turn being
-    ``instruction`` followed by ``input`` (when non-empty) after a blank line.
+    ``instruction`` followed by ``input`` (when non-empty) after a blank line. A field that is
+    missing or null (``missing_field``: an alpaca row without ``instruction`` would otherwise train on
+    the prompt ``"None"``) or not a string (``not_strings``) skips the row. Rows of a JSON file are
+    read into one table, so a key another row has appears here as None.
     """
-    if "conversations" in row and row["conversations"] is not None:
-        turns = row["conversations"]
-    elif "instruction" in row and "output" in row:
-        prompt = row["instruction"] if not row.get("input") else f"{row['instruction']}\n\n{row['input']}"
-        turns = [prompt, row["output"]]
+    conversations = row.get("conversations")
+    if conversations is not None:
+        turns = conversations
+    elif any(row.get(key) is not None for key in ("instruction", "input", "output")):
+        instruction, extra, output = row.get("instruction"), row.get("input"), row.get("output")
+        if instruction is None or output is None:
+            return "missing_field"
+        if not all(isinstance(v, str) for v in (instruction, output)) or not isinstance(extra, str | None):
+            return "not_strings"
+        if not instruction.strip():
+            return "empty_turn"
+        turns = [instruction if not extra else f"{instruction}\n\n{extra}", output]
     else:
         return "unknown_format"
     if not isinstance(turns, list) or not all(isinstance(t, str) for t in turns):
