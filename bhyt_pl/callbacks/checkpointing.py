@@ -89,6 +89,11 @@ class RunCheckpoint(ModelCheckpoint):
 
     @override
     def _save_last_checkpoint(self, trainer: L.Trainer, monitor_candidates: dict[str, Any]) -> None:
+        if self.save_last and not self.last_model_path:
+            # the folder is this run version's own: ``last.ckpt`` is ours to replace. Lightning writes
+            # ``last-v1.ckpt`` beside an existing one when it cannot tell (e.g. a resumed run whose
+            # folder was moved), and ``--ckpt_path last`` would then find an older file
+            self.last_model_path = self.format_checkpoint_name(monitor_candidates, self.CHECKPOINT_NAME_LAST)
         super()._save_last_checkpoint(trainer, monitor_candidates)
         if self.save_last:
             self._last_saved_at = trainer.global_step

@@ -1,0 +1,189 @@
+"""Runs lose no work: the final step and interrupted steps are saved, ``--ckpt_path last`` finds the
+newest version (or says where it looked), a resume continues its own version folder and refuses a
+different configuration, and the progress bar counts steps out of ``max_steps``."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+import yaml
+
+from bhyt_pl.cli import main
+from bhyt_pl.errors import UsageError
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = "{n_layers: 1, dim: 32, n_heads: 2, n_kv_heads: 1, mlp_dim: 64}"
+
+
+def fit_args(runs_dir: Path, steps: int, *extra: str) -> list[str]:
+    return [
+        "fit", "--config", str(ROOT / "recipes" / "tiny.yaml"), "--runs_dir", str(runs_dir),
+        "--trainer.max_steps", str(steps), "--checkpoint.every_n_train_steps", "5",
+        "--trainer.limit_val_batches", "0", "--trainer.enable_model_summary", "false",
+        "--trainer.log_every_n_steps", "1", "--data.init_args.seq_len", "16", "--data.init_args.batch_size", "2",
+        "--data.init_args.shuffle_buffer", "0", "--model.overrides", TINY, *extra,
+    ]  # fmt: skip
+
+
+def saved_step(path: Path) -> int:
+    return torch.load(path, map_location="cpu", weights_only=False, mmap=True)["global_step"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 12-step run saving every 5 steps (module-scoped: tests copy it before changing it)."""
+    runs = tmp_path_factory.mktemp("trained") / "runs"
+    cli = main(fit_args(runs, 12, "--trainer.enable_progress_bar", "false"))
+    assert cli.trainer.global_step == 12
+    return runs
+
+
+def copy_runs(trained: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(trained, tmp_path / "runs"))
+
+
+def test_the_final_step_is_saved_in_last_ckpt(trained: Path) -> None:
+    """Lightning alone leaves last.ckpt at step 10 of a 12-step run that saves every 5 steps."""
+    version = trained / "tiny-rmsnorm" / "version_0"
+    assert saved_step(version / "checkpoints" / "last.ckpt") == 12
+    assert (version / "config.yaml").exists() and list(version.glob("events.out.tfevents.*"))
+    hparams = yaml.safe_load((version / "hparams.yaml").read_text())
+    assert hparams["norm"] == "rmsnorm" and hparams["norm_args"] == {}
+
+
+@pytest.mark.slow
+def test_resume_continues_its_version_and_a_new_run_takes_the_next(trained: Path, tmp_path: Path, caplog) -> None:
+    runs = copy_runs(trained, tmp_path)
+    run = runs / "tiny-rmsnorm"
+    version = run / "version_0"
+    with caplog.at_level("INFO"):
+        cli = main(fit_args(runs, 14, "--ckpt_path", "last"))  # max_steps may change on resume
+    # where logs and checkpoints go, at the start and the end
+    assert f"logs in {version}, checkpoints in {version / 'checkpoints'}" in caplog.text
+    assert f"finished at step 14; last checkpoint {version / 'checkpoints' / 'last.ckpt'}" in caplog.text
+    bar = cli.trainer.progress_bar_callback.train_progress_bar
+    assert (bar.n, bar.total) == (14, 14)  # steps out of max_steps, not batches of the epoch
+    assert cli.trainer.global_step == 14 and cli.trainer.logger.log_dir == str(run / "version_0")
+    assert saved_step(run / "version_0" / "checkpoints" / "last.ckpt") == 14
+    assert len(list((run / "version_0").glob("events.out.tfevents.*"))) == 2  # one folder, one curve
+    assert not (run / "version_1").exists()
+    assert [p.name for p in (run / "version_0" / "checkpoints").glob("last*")] == ["last.ckpt"]
+    cli = main(fit_args(runs, 3, "--trainer.enable_progress_bar", "false"))  # a new run of the same name
+    assert cli.trainer.logger.log_dir == str(run / "version_1")
+    assert saved_step(run / "version_1" / "checkpoints" / "last.ckpt") == 3
+    assert saved_step(run / "version_0" / "checkpoints" / "last.ckpt") == 14  # untouched
+    # `last` is now the newest version's: resuming it continues version_1
+    cli = main(fit_args(runs, 4, "--ckpt_path", "last", "--trainer.enable_progress_bar", "false"))
+    assert cli.trainer.global_step == 4 and cli.trainer.logger.log_dir == str(run / "version_1")
+
+
+def test_the_old_checkpoint_layout_is_still_found(trained: Path, tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    legacy = runs / "tiny-rmsnorm" / "checkpoints"
+    legacy.mkdir(parents=True)
+    shutil.copy(trained / "tiny-rmsnorm" / "version_0" / "checkpoints" / "last.ckpt", legacy / "last.ckpt")
+    cli = main(fit_args(runs, 13, "--ckpt_path", "last", "--trainer.enable_progress_bar", "false"))
+    assert cli.trainer.global_step == 13
+    assert cli.trainer.logger.log_dir == str(runs / "tiny-rmsnorm" / "version_0")  # a new version folder
+
+
+def test_ckpt_path_last_with_nothing_to_resume_says_where_it_looked(trained: Path, tmp_path: Path) -> None:
+    """It used to start from step 0 and exit 0 (here: the run is under tiny-rmsnorm, not tiny-layernorm)."""
+    runs = copy_runs(trained, tmp_path)
+    with pytest.raises(UsageError, match=r"nothing to resume under '.*tiny-layernorm' \(looked in .*checkpoints\)"):
+        main(fit_args(runs, 13, "--ckpt_path", "last", "--model.norm", "layernorm"))
+    assert not (runs / "tiny-layernorm").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "fields", "explicit"),
+    [
+        (["--model.norm", "layernorm", "--run_name", "tiny-rmsnorm"], ["model.norm: checkpoint 'rmsnorm'"], False),
+        (["--model.norm_args", "{eps: 1.0e-6}"], ["model.norm_args.eps: checkpoint '<unset>', this run 1e-06"], True),
+        (["--model.lr", "0.1", "--model.preset", "small", "--model.norm", "bhyt"],
+         ["model.preset: checkpoint 'tiny', this run 'small'", "model.lr: checkpoint 0.003, this run 0.1",
+          "model.norm: checkpoint 'rmsnorm', this run 'bhyt'",
+          "model.norm_args.seq_len: checkpoint '<unset>', this run 16"],
+         True),
+        (["--data.init_args.seq_len", "32"], ["model.seq_len: checkpoint 16, this run 32"], False),
+    ],
+    ids=["norm-last", "norm_args-file", "preset-lr-norm-file", "seq_len-last"],
+)  # fmt: skip
+def test_resume_with_another_config_fails_before_any_work(
+    trained: Path, tmp_path: Path, args: list[str], fields: list[str], explicit: bool
+) -> None:
+    """With ``last`` the layernorm run trained on RMSNorm weights; with a file Lightning silently took the
+    checkpoint's norm, preset and lr instead of the command line's."""
+    runs = copy_runs(trained, tmp_path)
+    ckpt = str(runs / "tiny-rmsnorm" / "version_0" / "checkpoints" / "last.ckpt") if explicit else "last"
+    before = sorted(p for p in runs.rglob("*"))
+    with pytest.raises(UsageError, match="the configuration differs from the checkpoint") as err:
+        main(fit_args(runs, 20, *args, "--ckpt_path", ckpt))
+    for field in fields:
+        assert field in str(err.value)
+    assert sorted(p for p in runs.rglob("*")) == before  # nothing written
+
+
+def test_fine_tuning_with_init_checkpoint_may_change_norm_args(trained: Path, tmp_path: Path) -> None:
+    ckpt = trained / "tiny-rmsnorm" / "version_0" / "checkpoints" / "last.ckpt"
+    args = fit_args(tmp_path, 2, "--model.init_checkpoint", str(ckpt), "--model.norm_args", "{eps: 1.0e-6}")
+    cli = main(args[1:], run=False)  # a new run from the weights: no resume check applies
+    assert cli.model.config.norm == "rmsnorm"
+
+
+class _InterruptAt(L.Callback):
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args) -> None:
+        if trainer.global_step == self.step:
+            raise KeyboardInterrupt
+
+
+def test_ctrl_c_saves_last_at_the_stopped_step(tmp_path: Path) -> None:
+    cli = main(fit_args(tmp_path, 12, "--trainer.enable_progress_bar", "false")[1:], run=False)
+    cli.trainer.callbacks.append(_InterruptAt(7))
+    with pytest.raises(SystemExit) as exit_:
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert exit_.value.code == 1  # Lightning's exit after a KeyboardInterrupt
+    assert saved_step(tmp_path / "tiny-rmsnorm" / "version_0" / "checkpoints" / "last.ckpt") == 7
+
+
+@pytest.mark.slow
+def test_sigterm_saves_last_at_the_stopped_step_and_resume_continues(tmp_path: Path) -> None:
+    """A real SIGTERM (a cluster's preemption) sent to a training subprocess: it used to lose every step
+    since the last periodic save (here: all of them, saves every 1000 steps)."""
+    sys.path.insert(0, str(ROOT / "tests" / "distributed_jobs"))
+    from launch import clean_env
+
+    marker = tmp_path / "reached"
+    args = fit_args(tmp_path / "runs", 200, "--checkpoint.every_n_train_steps", "1000",
+                    "--trainer.enable_progress_bar", "false", "--trainer.callbacks+", "signals.AnnounceAndSlow",
+                    "--trainer.callbacks.marker", str(marker), "--trainer.callbacks.after_step", "3")  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bhyt_pl", *args], cwd=ROOT, env=clean_env(), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    deadline = time.time() + 240
+    while not marker.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out[-3000:]
+    last = tmp_path / "runs" / "tiny-rmsnorm" / "version_0" / "checkpoints" / "last.ckpt"
+    stopped = saved_step(last)
+    assert 3 <= stopped < 200 and f"stopped by SIGTERM at step {stopped}" in out, out[-3000:]
+    resume = fit_args(tmp_path / "runs", stopped + 2, "--ckpt_path", "last", "--trainer.enable_progress_bar", "false")
+    cli = main(resume)
+    assert cli.trainer.global_step == stopped + 2
+    assert saved_step(last) == stopped + 2
+    assert os.path.samefile(cli.trainer.logger.log_dir, last.parent.parent)
