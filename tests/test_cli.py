@@ -104,7 +104,7 @@ def test_tiny_recipe_trains_logs_and_checkpoints(tmp_path: Path) -> None:
     after = float(cli.trainer.callback_metrics["val/loss"])
     assert after < before - 1.0, (before, after)
     run = tmp_path / "tiny-bhyt"
-    assert (run / "checkpoints" / "last.ckpt").exists()
+    assert (run / "version_0" / "checkpoints" / "last.ckpt").exists()
     events = list(run.glob("version_*/events.out.tfevents.*"))
     assert events, list(run.rglob("*"))
 
@@ -116,11 +116,13 @@ def test_fit_then_resume_from_last(tmp_path: Path) -> None:
         "--trainer.enable_progress_bar", "false", "--data.init_args.seq_len", "64", "--data.init_args.batch_size", "4",
     ]  # fmt: skip
     main([*common, "--trainer.max_steps", "6"])
-    saved = tmp_path / "tiny-rmsnorm" / "checkpoints" / "last.ckpt"
+    saved = tmp_path / "tiny-rmsnorm" / "version_0" / "checkpoints" / "last.ckpt"
     assert saved.exists()
     cli = main([*common, "--trainer.max_steps", "9", "--ckpt_path", "last"])
     assert cli.trainer.global_step == 9
-    assert (tmp_path / "tiny-rmsnorm" / "version_1" / "config.yaml").exists()
+    # the resume continues its run version: one folder, one TensorBoard curve
+    assert (tmp_path / "tiny-rmsnorm" / "version_0" / "config.yaml").exists()
+    assert not (tmp_path / "tiny-rmsnorm" / "version_1").exists()
     # the other Lightning subcommands on the same checkpoint
     evaluate = [
         "--config", str(RECIPES / "tiny.yaml"), "--runs_dir", str(tmp_path), "--trainer.enable_progress_bar", "false",

@@ -156,7 +156,7 @@ def test_two_processes_match_one_process_with_the_same_global_batch(
 def _check_sharded_checkpoint(tmp: Path, out: Path) -> None:
     """The FSDP2 run's sharded last checkpoint consolidates into one file whose model, loaded in one
     process, gives the sharded model's logits; and the sharded checkpoint resumes training."""
-    folder = tmp / "runs" / "fsdp2" / "checkpoints" / "last.ckpt"
+    folder = tmp / "runs" / "fsdp2" / "version_0" / "checkpoints" / "last.ckpt"
     assert folder.is_dir() and (folder / ".metadata").exists()
     single = consolidate_checkpoint(folder, tmp / "consolidated.ckpt")
     probe = torch.load(out / "probe.pt")

@@ -87,10 +87,8 @@ def read_documents(
                         yield {"text": row["text"]}
         except _UNREADABLE as err:
             reason = f"{type(err).__name__}: {err}"
-            log.warning(
-                "C4 shard %s is unreadable after %d document(s) (%s): skipping the rest of it", path, kept, reason
-            )
-            bad["unreadable_shard"] += 1
+            log.warning("C4 shard %s breaks after %d document(s) (%s): skipping its rest", path, kept, reason)
+            skipped["unreadable_shard"] += 1
             if unreadable is not None:
                 unreadable[path] = reason
         if bad:

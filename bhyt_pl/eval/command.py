@@ -164,7 +164,11 @@ def _tensorboard_dir(choice: str, ckpt_path: Path) -> Path | None:
         return None
     if choice != "auto":
         return Path(choice)
-    run_dir = ckpt_path.resolve().parent.parent  # <runs_dir>/<run_name>/checkpoints/<file>.ckpt
+    from bhyt_pl.runs import checkpoint_run_version
+
+    if checkpoint_run_version(ckpt_path) is not None:  # <runs_dir>/<run_name>/version_N/checkpoints/<file>.ckpt
+        return ckpt_path.resolve().parent.parent
+    run_dir = ckpt_path.resolve().parent.parent  # the older layout <runs_dir>/<run_name>/checkpoints/<file>.ckpt
     versions = [p for p in run_dir.glob("version_*") if p.is_dir() and p.name.removeprefix("version_").isdigit()]
     return max(versions, key=lambda p: int(p.name.removeprefix("version_"))) if versions else None
 

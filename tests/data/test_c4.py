@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import json
 import logging
 import re
+import zlib
 from collections import Counter
 from pathlib import Path
 
@@ -12,6 +14,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader
 
 from bhyt_pl.data import C4DataModule, PackedWindows, ResumableLoader, load_tokenizer, read_documents
+from bhyt_pl.errors import UsageError
 
 from .conftest import c4_row, word_docs, write_shard
 
@@ -193,3 +196,68 @@ def test_embedded_default_trains_offline():
     batch = next(iter(dm.train_dataloader()))
     assert batch["input_ids"].shape == (2, 256) and int(batch["input_ids"].max()) < 8192
     assert dm.special_tokens.bos_id == BOS
+
+
+def _truncated_shard(path: Path, docs: list[str], keep: float) -> Path:
+    """A gzip shard cut after ``keep`` of its bytes, as an interrupted download leaves it."""
+    write_shard(path, [c4_row(t) for t in docs])
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+    return path
+
+
+def _complete_docs_in_prefix(path: Path) -> list[str]:
+    """Independent reference: decompress what the truncated file holds and parse its complete lines."""
+    text = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(path.read_bytes()).decode("utf-8", errors="replace")
+    return [json.loads(line)["text"] for line in text.split("\n")[:-1]]  # the last piece is cut mid-line
+
+
+def test_a_truncated_shard_keeps_its_documents_and_skips_its_rest(tmp_path: Path, caplog: pytest.LogCaptureFixture):
+    """It used to raise EOFError mid-training without a file name, and again at once on resume."""
+    docs = word_docs(0, 3000)
+    broken = _truncated_shard(tmp_path / "c4-train.00000-of-00002.json.gz", docs, keep=0.6)
+    good_docs = word_docs(1, 20)
+    good = write_shard(tmp_path / "c4-train.00001-of-00002.json.gz", [c4_row(t) for t in good_docs])
+    skipped, unreadable = Counter(), {}
+    with caplog.at_level(logging.WARNING, logger="bhyt_pl.data.c4"):
+        read = [d["text"] for d in read_documents([str(broken), str(good)], skipped, unreadable)]
+    prefix = _complete_docs_in_prefix(broken)
+    kept = read[: len(read) - len(good_docs)]
+    assert 0 < len(kept) <= len(prefix) < len(docs) and kept == docs[: len(kept)]
+    assert len(prefix) - len(kept) < 400  # at most one read buffer of documents is lost at the break
+    assert read[len(kept) :] == good_docs  # the next shard is read whole
+    assert skipped == Counter(unreadable_shard=1) and list(unreadable) == [str(broken)]
+    assert "EOFError" in unreadable[str(broken)]
+    assert f"C4 shard {broken} breaks after {len(kept)} document(s)" in caplog.text
+
+
+def test_training_data_with_a_broken_shard_resumes_on_the_exact_next_batch(tmp_path: Path):
+    files = [
+        str(_truncated_shard(tmp_path / "c4-train.00000-of-00002.json.gz", word_docs(0, 3000), keep=0.3)),
+        str(write_shard(tmp_path / "c4-train.00001-of-00002.json.gz", [c4_row(t) for t in word_docs(1, 40)])),
+    ]
+
+    def loader() -> ResumableLoader:
+        return ResumableLoader(PackedWindows(files, "embedded", seq_len=64), batch_size=4, lookahead=0)
+
+    all_batches = [b["input_ids"] for b in loader()]
+    assert len(all_batches) > 10  # the stream goes past the break into the second shard
+    first = loader()
+    it = iter(first)
+    for _ in range(len(all_batches) - 3):
+        next(it)
+    state = first.state_dict()
+    del it
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert all(torch.equal(a["input_ids"], b) for a, b in zip(resumed, all_batches[-3:], strict=True))
+
+
+def test_setup_fails_naming_every_unreadable_shard(tmp_path: Path):
+    cut = _truncated_shard(tmp_path / "c4-train.00000-of-00002.json.gz", word_docs(0, 50), keep=0.05)
+    garbage = tmp_path / "c4-train.00001-of-00002.json.gz"
+    garbage.write_bytes(b"<html>Not Found</html>" * 10)  # an error page saved under the shard's name
+    dm = C4DataModule(data_files=str(tmp_path), tokenizer="embedded")
+    with pytest.raises(UsageError, match=r"no shard is readable") as err:
+        dm.setup("fit")
+    assert f"{cut}: EOFError" in str(err.value) and f"{garbage}: BadGzipFile" in str(err.value)

@@ -140,3 +140,40 @@ def test_missing_local_file_and_bad_arguments(tmp_path: Path):
         LIMADataModule(data_files=str(tmp_path / "none.jsonl"), tokenizer="embedded").setup("fit")
     with pytest.raises(ValueError, match=r"max_seq_len must be a positive int, got 0\n  - val_split_fraction"):
         LIMADataModule(max_seq_len=0, val_split_fraction=1.0)
+
+
+@pytest.mark.parametrize(
+    ("row", "reason"),
+    [
+        ({"instruction": None, "input": "text", "output": "answer"}, "missing_field"),  # was trained as "None\n\ntext"
+        ({"input": "text", "output": "answer"}, "missing_field"),
+        ({"instruction": "Do it.", "input": "", "output": None}, "missing_field"),
+        ({"instruction": 3, "input": "", "output": "answer"}, "not_strings"),
+        ({"instruction": "Do it.", "input": ["a"], "output": "answer"}, "not_strings"),
+        ({"instruction": "Do it.", "output": {"text": "answer"}}, "not_strings"),
+        ({"instruction": "  ", "input": "text", "output": "answer"}, "empty_turn"),
+        ({"conversations": "q and a", "source": "x"}, "not_strings"),
+    ],
+)
+def test_alpaca_and_lima_rows_with_missing_or_mistyped_fields_are_skipped(row, reason):
+    assert parse_row(row) == reason
+
+
+def test_rows_with_missing_fields_are_counted_at_setup(tmp_path: Path, caplog: pytest.LogCaptureFixture):
+    rows = [
+        {"instruction": "Say hi.", "input": "", "output": "Hi"},
+        {"instruction": None, "input": "some text", "output": "answer"},
+        {"instruction": "Translate.", "input": "Bonjour", "output": None},
+        {"instruction": "Translate.", "input": "Hola", "output": "Hello"},
+    ]
+    path = tmp_path / "alpaca.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    dm = LIMADataModule(data_files=str(path), tokenizer="embedded", val_split_fraction=0.0)
+    with caplog.at_level(logging.WARNING, logger="bhyt_pl.data.lima"):
+        dm.setup("fit")
+    assert dict(dm.skipped) == {"missing_field": 2}
+    assert len(dm.train_dataset) == 2
+    tok = load_tokenizer("embedded")
+    prompts = {tok.decode(ex[0]) for ex in dm.train_dataset.examples}
+    assert not any("None" in p for p in prompts)
+    assert "skipped 2 malformed conversation(s)" in caplog.text
