@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import errno
+import os
+import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
-from bhyt_pl.cli import main
+from bhyt_pl.cli import main, user_error_message
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes"
@@ -134,3 +138,82 @@ def test_fit_then_resume_from_last(tmp_path: Path) -> None:
     cli = main(["predict", *evaluate, "--trainer.limit_predict_batches", "2"])
     scores = cli.trainer.predict_loop.predictions
     assert len(scores) == 2 and scores[0]["nll"].shape == (4,) and bool((scores[0]["tokens"] == 64).all())
+
+
+def _command_line(monkeypatch: pytest.MonkeyPatch, capsys, *args: str) -> str:
+    """Run ``python -m bhyt_pl`` in-process as the command line does; return stderr after the exit."""
+    monkeypatch.setattr(sys, "argv", ["bhyt_pl", *args])
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    assert exit_.value.code == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--model.norm", "bhytt"], "unknown norm 'bhytt'; registered norms: bhyt, bhyt_exact"),
+        (["--model.preset", "tinyy"], "unknown model preset 'tinyy'; presets: llama-374m"),
+        (["--model.norm", "bhyt", "--model.norm_args", "{lambda_atn: 1.0}"],
+         "norm 'bhyt' has no argument(s) 'lambda_atn'; its arguments: lambda_attn, lambda_mlp"),
+        (["--model.norm", "bhyt", "--model.norm_args", "{lambda_attn: fast}"],
+         "norm 'bhyt' argument(s) of the wrong type: lambda_attn='fast' (str) is not float"),
+    ],
+)  # fmt: skip
+def test_config_errors_print_one_short_message(args, expected, tmp_path: Path, monkeypatch, capsys) -> None:
+    """They printed a 35-75 line traceback (a bad norm_args value: ``'>' not supported``, no field named)."""
+    err = _command_line(monkeypatch, capsys, "fit", "--config", str(RECIPES / "tiny.yaml"), *args,
+                        "--runs_dir", str(tmp_path))  # fmt: skip
+    assert expected in err and "Traceback" not in err and len(err.splitlines()) <= 3, err
+    assert not any(tmp_path.iterdir())
+
+
+def test_yaml_syntax_error_names_the_file(tmp_path: Path, monkeypatch, capsys) -> None:
+    bad = tmp_path / "overlay.yaml"
+    bad.write_text("model:\n  preset: tiny\n norm: [bhyt\n")
+    err = _command_line(monkeypatch, capsys, "fit", "--config", str(RECIPES / "tiny.yaml"), "--config", str(bad))
+    assert f"YAML syntax error in {str(bad)!r}" in err and "line 3" in err and "Traceback" not in err
+
+
+def test_a_file_that_is_not_a_checkpoint_is_named(tmp_path: Path, monkeypatch, capsys) -> None:
+    """It failed with ``KeyError: 101`` or an unpickling opcode."""
+    notes = tmp_path / "notes.ckpt"
+    notes.write_text("these are my notes\n")
+    err = _command_line(monkeypatch, capsys, "fit", "--config", str(RECIPES / "tiny.yaml"), "--ckpt_path", str(notes))
+    assert f"{str(notes)!r} is not a checkpoint torch can read" in err and "Traceback" not in err
+
+
+def test_a_read_only_checkpoint_folder_fails_before_training(tmp_path: Path, monkeypatch, capsys) -> None:
+    """It failed only at the first save, after the steps before it were computed."""
+    import tempfile
+
+    def refuse(*args, dir=None, **kwargs):  # noqa: A002 - tempfile's own argument name
+        raise PermissionError(errno.EACCES, "Permission denied", dir)
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", refuse)  # root ignores chmod: refuse the probe instead
+    args = ["fit", "--config", str(RECIPES / "tiny.yaml"), "--runs_dir", str(tmp_path), "--trainer.max_steps", "2",
+            "--data.init_args.seq_len", "16", "--trainer.enable_progress_bar", "false"]  # fmt: skip
+    err = _command_line(monkeypatch, capsys, *args)
+    folder = tmp_path / "tiny-rmsnorm" / "version_0" / "checkpoints"
+    assert f"cannot write checkpoints to {str(folder)!r}: Permission denied" in err and "Traceback" not in err
+    assert not list(tmp_path.rglob("*.ckpt"))
+
+
+def test_a_full_disk_is_reported_plainly(tmp_path: Path, monkeypatch) -> None:
+    """torch buried ``No space left on device`` in a chained ``inline_container`` error without the file."""
+    import tempfile
+
+    from bhyt_pl.distributed import AtomicCheckpointIO
+
+    def full_device(*args, dir=None, **kwargs):  # noqa: A002
+        return os.open("/dev/full", os.O_WRONLY), str(Path(dir) / ".last.ckpt.tmp")
+
+    monkeypatch.setattr(tempfile, "mkstemp", full_device)
+    target = tmp_path / "last.ckpt"
+    with pytest.raises(OSError) as err:
+        AtomicCheckpointIO().save_checkpoint({"w": torch.zeros(10_000)}, target)
+    assert err.value.errno == errno.ENOSPC and err.value.filename == str(target)
+    assert user_error_message(RuntimeError("trainer failed")) is None  # other errors keep their traceback
+    wrapped = RuntimeError("Trainer.fit failed")
+    wrapped.__cause__ = err.value
+    assert user_error_message(wrapped).startswith(f"no space left on device while writing {target}")

@@ -99,3 +99,20 @@ def test_rename_scales_global_rates_by_world_size() -> None:
 def test_bad_arguments(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         TokenThroughputMonitor(**kwargs)
+
+
+def test_validation_and_memory_metrics_are_logged_against_the_global_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """They were logged against the validation batch counter (1, 2, 3, 4, 5, 6 over two validations), so
+    their curves zig-zagged against every other metric's global step."""
+    logger = MemoryLogger()
+    lm = LlamaLM(overrides=TINY_OVERRIDES, seq_len=32, warmup_steps=0)
+    trainer = quiet_trainer(
+        callbacks=[TokenThroughputMonitor(window_size=2)], logger=logger, max_steps=4, log_every_n_steps=1,
+        val_check_interval=2, limit_val_batches=3, check_val_every_n_epoch=None,
+    )  # fmt: skip
+    trainer.fit(lm, datamodule=TokenDataModule(seq_len=32, batch_size=4))
+    history = logger.history.items()
+    validate_steps = {step for step, metrics in history if any(k.startswith("validate/") for k in metrics)}
+    assert validate_steps == {2, 4}
+    memory_steps = {step for step, metrics in history if "memory/rss_gib" in metrics}
+    assert memory_steps <= {1, 2, 3, 4} and {2, 4} <= memory_steps
