@@ -1,7 +1,7 @@
 """Checkpoint plumbing for multi-process runs: atomic single-file writes and consolidation of
 sharded (FSDP2 / distributed-checkpoint) folders into one file.
 
-``python -m bhyt_pl consolidate runs/x/checkpoints/last.ckpt last-full.ckpt`` turns a sharded
+``python -m bhyt_pl consolidate runs/x/version_0/checkpoints/last.ckpt last-full.ckpt`` turns a sharded
 checkpoint folder into a single ``LlamaLM`` checkpoint that ``bhyt_pl.load_model`` and ``--ckpt_path``
 read in one process.
 """
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m bhyt_pl consolidate",
         description="Consolidate a sharded (FSDP2 / distributed) checkpoint folder into one .ckpt file.",
     )
-    parser.add_argument("folder", help="the checkpoint folder, e.g. runs/llama-3b-bhyt/checkpoints/last.ckpt")
+    parser.add_argument("folder", help="the checkpoint folder, e.g. runs/llama-3b-bhyt/version_0/checkpoints/last.ckpt")
     parser.add_argument("output", help="the single-file checkpoint to write")
     args = parser.parse_args(argv)
     path = consolidate_checkpoint(args.folder, args.output)

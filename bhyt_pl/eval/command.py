@@ -3,7 +3,7 @@
 Examples::
 
     # the paper's suite (spec section 6): 3-shot, eight multiple-choice tasks (needs the Hub datasets)
-    python -m bhyt_pl eval --ckpt_path runs/tiny-bhyt/checkpoints/last.ckpt
+    python -m bhyt_pl eval --ckpt_path runs/tiny-bhyt/version_0/checkpoints/last.ckpt
     # the embedded offline suite (bhyt_pl.eval.tasks), or any directory of local task YAMLs
     python -m bhyt_pl eval --ckpt_path last.ckpt --include_path embedded
     python -m bhyt_pl eval --ckpt_path last.ckpt --include_path my_tasks/ --tasks my_task --limit 100
@@ -13,7 +13,8 @@ Examples::
 
 Results: lm-eval's table on stdout, ``<checkpoint>.eval.json`` beside the checkpoint (``--output_path``),
 and ``eval/<task>/<metric>`` / ``eval/ppl/<source>/token_perplexity`` scalars in the run's TensorBoard
-log (the newest ``version_N`` beside the checkpoints directory, or ``--tensorboard_dir``).
+log (the checkpoint's own ``version_N`` folder; for the older ``<run>/checkpoints/`` layout the newest
+``version_N`` beside it; or ``--tensorboard_dir``).
 """
 
 from __future__ import annotations
@@ -95,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--tensorboard_dir",
         default="auto",
-        help="Where to add eval scalars: 'auto' (the run's newest version_N dir, if found), 'none', or a directory.",
+        help="Where to add eval scalars: 'auto' (the checkpoint's version_N; the run's newest in the older layout), "
+        "'none', or a directory.",
     )
     p.add_argument("--bootstrap_iters", type=int, default=100000, help="lm-eval bootstrap iterations for stderr.")
     p.add_argument("--seed", type=int, default=1234, help="lm-eval's random, numpy, torch and few-shot seed.")

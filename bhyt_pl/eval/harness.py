@@ -3,7 +3,7 @@
 Everything after the module name goes to lm-eval's CLI unchanged::
 
     python -m bhyt_pl.eval.harness run --model bhyt_pl \\
-        --model_args ckpt_path=runs/tiny-bhyt/checkpoints/last.ckpt,dtype=float32 \\
+        --model_args ckpt_path=runs/tiny-bhyt/version_0/checkpoints/last.ckpt,dtype=float32 \\
         --tasks arc_easy --num_fewshot 3 --batch_size 16 --device cpu
 """
 

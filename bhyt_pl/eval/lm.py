@@ -18,7 +18,7 @@ Sequences longer than ``max_length`` (``config.max_seq_len`` by default) lose to
 
 Example:
     >>> from bhyt_pl.eval import BHyTLM
-    >>> lm = BHyTLM.from_checkpoint("runs/tiny-bhyt/checkpoints/last.ckpt")  # doctest: +SKIP
+    >>> lm = BHyTLM.from_checkpoint("runs/tiny-bhyt/version_0/checkpoints/last.ckpt")  # doctest: +SKIP
     >>> import lm_eval
     >>> lm_eval.simple_evaluate(lm, tasks=["arc_easy"], num_fewshot=3)  # doctest: +SKIP
 """

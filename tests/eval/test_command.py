@@ -99,3 +99,15 @@ def test_argument_errors(small_checkpoint, tmp_path):
         main([*base, "--tasks", "none"])
     with pytest.raises(FileNotFoundError, match="is not a directory"):
         main([*base, "--include_path", str(tmp_path / "missing")])
+
+
+def test_auto_tensorboard_dir_is_the_checkpoints_own_run_version(tmp_path) -> None:
+    from bhyt_pl.eval.command import _tensorboard_dir
+
+    run = tmp_path / "runs" / "tiny-bhyt"
+    for n in (0, 1, 2):
+        (run / f"version_{n}" / "checkpoints").mkdir(parents=True)
+    ckpt = run / "version_1" / "checkpoints" / "last.ckpt"
+    assert _tensorboard_dir("auto", ckpt) == (run / "version_1").resolve()
+    legacy = run / "checkpoints" / "last.ckpt"  # the older layout: the newest version beside it
+    assert _tensorboard_dir("auto", legacy) == (run / "version_2").resolve()
