@@ -25,10 +25,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from jsonargparse import Namespace
+import lightning
+from jsonargparse import ActionConfigFile, Namespace
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.callbacks import LearningRateMonitor
-from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from bhyt_pl.callbacks.checkpointing import RunCheckpoint
 from bhyt_pl.errors import UsageError
@@ -66,8 +67,24 @@ def _norm_label(norm: Any) -> str:
     return str(class_path).rsplit(".", 1)[-1].lower() if class_path else "custom"
 
 
+class _ShortErrorParser(LightningArgumentParser):
+    """Parse errors without the usage dump (about 80 lines for ``fit``) in front of the one line that
+    matters; the ``--help`` tip and the error itself are still printed."""
+
+    def print_usage(self, file: Any = None) -> None:
+        pass
+
+
 class BHyTCLI(LightningCLI):
     """LightningCLI with bhyt_pl's defaults, links, run layout and resume checks."""
+
+    def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
+        kwargs.setdefault("dump_header", [f"lightning.pytorch=={lightning.__version__}"])
+        parser = _ShortErrorParser(**kwargs)
+        parser.add_argument(
+            "-c", "--config", action=ActionConfigFile, help="Path to a configuration file in json or yaml format."
+        )
+        return parser
 
     def add_arguments_to_parser(self, parser) -> None:  # noqa: ANN001 - jsonargparse parser
         parser.add_argument("--runs_dir", type=str, default="runs", help="Root directory of logs and checkpoints.")

@@ -140,22 +140,25 @@ def test_fine_tuning_with_init_checkpoint_may_change_norm_args(trained: Path, tm
     assert cli.model.config.norm == "rmsnorm"
 
 
-class _InterruptAt(L.Callback):
+class _CtrlCAt(L.Callback):
     def __init__(self, step: int) -> None:
         self.step = step
 
     def on_train_batch_end(self, trainer: L.Trainer, *args) -> None:
         if trainer.global_step == self.step:
-            raise KeyboardInterrupt
+            os.kill(os.getpid(), signal.SIGINT)  # what a terminal sends on Ctrl-C
 
 
-def test_ctrl_c_saves_last_at_the_stopped_step(tmp_path: Path) -> None:
+def test_ctrl_c_finishes_the_step_saves_last_and_stops(tmp_path: Path, caplog) -> None:
+    """It raised KeyboardInterrupt wherever it landed and kept only the previous periodic save (step 5)."""
     cli = main(fit_args(tmp_path, 12, "--trainer.enable_progress_bar", "false")[1:], run=False)
-    cli.trainer.callbacks.append(_InterruptAt(7))
-    with pytest.raises(SystemExit) as exit_:
+    cli.trainer.callbacks.insert(0, _CtrlCAt(7))
+    with caplog.at_level("INFO"):
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-    assert exit_.value.code == 1  # Lightning's exit after a KeyboardInterrupt
-    assert saved_step(tmp_path / "tiny-rmsnorm" / "version_0" / "checkpoints" / "last.ckpt") == 7
+    last = tmp_path / "tiny-rmsnorm" / "version_0" / "checkpoints" / "last.ckpt"
+    assert cli.trainer.global_step == 7 and saved_step(last) == 7
+    assert "stopped by Ctrl-C at step 7" in caplog.text
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is given back
 
 
 @pytest.mark.slow

@@ -11,7 +11,9 @@ claimed (``RunLogger``), and prints where logs and checkpoints go at the start a
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
+import threading
 from typing import Any
 
 import lightning as L
@@ -30,10 +32,12 @@ __all__ = ["RunCheckpoint"]
 class RunCheckpoint(ModelCheckpoint):
     """``ModelCheckpoint`` that always saves ``last`` at the final step and on SIGTERM / Ctrl-C.
 
-    Takes ``ModelCheckpoint``'s arguments (``--checkpoint.*`` on the command line). Interruptions
-    (``SIGTERMException``, ``KeyboardInterrupt``) save ``last`` at the step the run stopped, after that
-    step completed, so ``--ckpt_path last`` continues from there; other exceptions follow
-    ``save_on_exception`` as in Lightning (a crashed step's state is not trusted by default).
+    Takes ``ModelCheckpoint``'s arguments (``--checkpoint.*`` on the command line). Interruptions save
+    ``last`` at the step the run stopped, so ``--ckpt_path last`` continues from there: SIGTERM (Lightning
+    stops every rank after the same completed step, the process exits with status 0) and Ctrl-C (the
+    current optimizer step finishes, on every rank, then the run ends normally; a second Ctrl-C aborts
+    without saving). Other exceptions follow ``save_on_exception`` as in Lightning (a crashed step's
+    state is not trusted by default).
 
     Example:
         >>> import lightning as L
@@ -45,6 +49,8 @@ class RunCheckpoint(ModelCheckpoint):
         self._last_saved_at: int | None = None
         """Global step of the ``last`` checkpoint written in this run (None: none yet)."""
         self._start_step = 0
+        self._ctrl_c = False
+        self._previous_sigint: Any = None
 
     @property
     @override
@@ -84,8 +90,41 @@ class RunCheckpoint(ModelCheckpoint):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
         self._start_step = trainer.global_step
+        self._ctrl_c = False
+        if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread
+            self._previous_sigint = signal.signal(signal.SIGINT, self._on_ctrl_c)
         log_dir = trainer.logger.log_dir if trainer.logger is not None else None
         rank_zero_info(f"bhyt_pl: logs in {log_dir}, checkpoints in {self.dirpath}")
+
+    def _on_ctrl_c(self, signum: int, frame: Any) -> None:
+        """First Ctrl-C: stop after the current optimizer step and save ``last``; a second one aborts.
+
+        Stopping at a step boundary (rather than wherever ``KeyboardInterrupt`` lands, possibly inside
+        the optimizer update or after the next batch was drawn) keeps weights and data position exact."""
+        if self._ctrl_c:
+            raise KeyboardInterrupt
+        self._ctrl_c = True
+        rank_zero_info("\nbhyt_pl: Ctrl-C: finishing this step, then saving last and stopping (Ctrl-C again aborts)")
+
+    def _restore_sigint(self) -> None:
+        previous = getattr(self, "_previous_sigint", None)
+        if previous is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, previous)
+        self._previous_sigint = None
+
+    @override
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        if (batch_idx + 1) % trainer.accumulate_grad_batches:
+            return  # mid-accumulation: stop only after a whole optimizer step
+        stop = self._ctrl_c
+        if trainer.world_size > 1:  # every rank stops after the same step
+            stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
+        if stop and not trainer.should_stop:
+            self._ctrl_c = True
+            trainer.should_stop = True
 
     @override
     def _save_last_checkpoint(self, trainer: L.Trainer, monitor_candidates: dict[str, Any]) -> None:
@@ -113,20 +152,30 @@ class RunCheckpoint(ModelCheckpoint):
 
     @override
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._restore_sigint()
         # Lightning's version saves only if no ``last`` was written in this run: the final steps would be lost
         self.save_last_now(trainer)
         log_dir = trainer.logger.log_dir if trainer.logger is not None else None
         where = self.last_model_path or self.dirpath
+        if self._ctrl_c:
+            rank_zero_info(f"bhyt_pl: stopped by Ctrl-C at step {trainer.global_step}; saved {where}; "
+                           f"resume with --ckpt_path last")  # fmt: skip
         rank_zero_info(f"bhyt_pl: finished at step {trainer.global_step}; last checkpoint {where}; logs in {log_dir}")
 
     @override
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        if not isinstance(exception, (SIGTERMException, KeyboardInterrupt)):
+        self._restore_sigint()
+        if not isinstance(exception, SIGTERMException):
             super().on_exception(trainer, pl_module, exception)
             return
-        reason = "SIGTERM" if isinstance(exception, SIGTERMException) else "Ctrl-C"
+        # Lightning raises SIGTERMException on every rank after the same completed step
         if self.save_last_now(trainer) or trainer.global_step == self._last_saved_at:
             rank_zero_info(
-                f"bhyt_pl: stopped by {reason} at step {trainer.global_step}; saved {self.last_model_path}; "
+                f"bhyt_pl: stopped by SIGTERM at step {trainer.global_step}; saved {self.last_model_path}; "
                 f"resume with --ckpt_path last"
             )
+
+    @override
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._restore_sigint()
+        super().teardown(trainer, pl_module, stage)
