@@ -217,3 +217,11 @@ def test_a_full_disk_is_reported_plainly(tmp_path: Path, monkeypatch) -> None:
     wrapped = RuntimeError("Trainer.fit failed")
     wrapped.__cause__ = err.value
     assert user_error_message(wrapped).startswith(f"no space left on device while writing {target}")
+
+
+def test_a_parse_error_is_not_buried_under_the_usage(capsys) -> None:
+    """jsonargparse printed about 80 lines of usage before the error line."""
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(RECIPES / "tiny.yaml"), "--model.nrom", "bhyt"])
+    err = capsys.readouterr().err
+    assert "error: " in err and "nrom" in err and "usage:" not in err and len(err.splitlines()) <= 3, err
