@@ -78,8 +78,8 @@ def build_norm_scheme(norm: str | NormScheme, **kwargs: Any) -> NormScheme:
 
 
 def check_norm_args(scheme: type[NormScheme], kwargs: dict[str, Any]) -> None:
-    """Raise a ``ValueError`` naming each unknown argument of ``scheme`` (with the accepted ones) and a
-    ``TypeError`` naming each argument whose value does not match its annotation.
+    """Raise a ``TypeError`` naming each unknown argument of ``scheme`` (with the accepted ones), or
+    each argument whose value does not match its annotation.
 
     Hand-written rather than a type-checking library: scheme arguments are plain numbers, flags,
     strings and their optionals, and the check must name the scheme's field the way a recipe spells it."""
@@ -89,12 +89,15 @@ def check_norm_args(scheme: type[NormScheme], kwargs: dict[str, Any]) -> None:
     if any(p.kind is p.VAR_KEYWORD for p in params.values()):
         return
     unknown = sorted(set(kwargs) - set(params))
-    if unknown:
-        raise ValueError(
+    if unknown:  # a TypeError, as Python's own for an unexpected keyword argument
+        raise TypeError(
             f"norm {scheme.name!r} has no argument(s) {', '.join(map(repr, unknown))}; "
             f"its arguments: {', '.join(params) or '(none)'}"
         )
-    hints = typing.get_type_hints(scheme.__init__)
+    try:
+        hints = typing.get_type_hints(scheme.__init__)
+    except (NameError, TypeError):  # an annotation only importable for type checkers: the scheme checks itself
+        return
     wrong = [
         f"{name}={value!r} ({type(value).__name__}) is not {_type_name(hints[name])}"
         for name, value in kwargs.items()
