@@ -11,7 +11,26 @@ import torch
 from bhyt_pl.config import LlamaConfig
 from bhyt_pl.model import Llama
 
-__all__ = ["LoadedModel", "load_model", "load_model_state", "read_checkpoint", "read_model_config"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "LoadedModel",
+    "checkpoint_entry",
+    "load_model",
+    "load_model_state",
+    "read_checkpoint",
+    "read_model_config",
+]
+
+SCHEMA_VERSION = 2
+"""Version of the ``bhyt_pl`` entry of a checkpoint (docs/method.md, section 9). 1 (no
+``schema_version`` key): written before run facts were bound explicitly; a ``bhyt`` scheme saved
+without ``seq_len`` had T = 1024, which an unbound scheme still uses, so it reads unchanged. 2: adds
+``schema_version``; ``LlamaConfig`` fields added since have defaults that rebuild older models."""
+
+
+def checkpoint_entry(config: LlamaConfig, tokenizer: str | None) -> dict[str, Any]:
+    """The ``bhyt_pl`` entry ``LlamaLM`` writes into its checkpoints: plain data that rebuilds the model."""
+    return {"schema_version": SCHEMA_VERSION, "model_config": config.to_dict(), "tokenizer": tokenizer}
 
 
 @dataclass
@@ -42,6 +61,12 @@ def read_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
         checkpoint = torch.load(path, map_location=map_location, weights_only=False, mmap=mmap)
     if "bhyt_pl" not in checkpoint or "state_dict" not in checkpoint:
         raise ValueError(f"{str(path)!r} is not a bhyt_pl LlamaLM checkpoint (no 'bhyt_pl' model config entry)")
+    version = checkpoint["bhyt_pl"].get("schema_version", 1)
+    if not isinstance(version, int) or not 1 <= version <= SCHEMA_VERSION:
+        raise ValueError(
+            f"{str(path)!r} has checkpoint schema_version {version!r}; this bhyt_pl reads versions 1 to "
+            f"{SCHEMA_VERSION}: upgrade bhyt_pl to load it"
+        )
     return checkpoint
 
 

@@ -24,6 +24,7 @@ from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from bhyt_pl.data.tokenizer import ASSETS_DIR, EMBEDDED, HUB_TOKENIZER, SpecialTokens, load_tokenizer
+from bhyt_pl.validation import raise_if_problems
 
 __all__ = ["EMBEDDED_DATA_FILES", "C4DataModule", "PackedWindows", "ResumableLoader", "read_documents"]
 
@@ -361,8 +362,7 @@ class C4DataModule(LightningDataModule):
             for field, value in (("num_workers", num_workers), ("shuffle_buffer", shuffle_buffer))
             if not isinstance(value, int) or isinstance(value, bool) or value < 0
         ]
-        if problems:
-            raise ValueError("invalid C4DataModule arguments:\n  - " + "\n  - ".join(problems))
+        raise_if_problems("C4DataModule arguments", problems)
         self.save_hyperparameters()
         self.path, self.name, self.data_files, self.tokenizer = path, name, data_files, tokenizer
         self.seq_len, self.batch_size, self.num_workers = seq_len, batch_size, num_workers

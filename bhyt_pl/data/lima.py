@@ -19,6 +19,7 @@ from tokenizers import Tokenizer
 from torch.utils.data import DataLoader, Dataset
 
 from bhyt_pl.data.tokenizer import BOS, END_HEADER, EOT, HUB_TOKENIZER, START_HEADER, SpecialTokens, load_tokenizer
+from bhyt_pl.validation import raise_if_problems
 
 __all__ = ["ChatTemplate", "LIMADataModule", "SFTDataset", "collate_sft", "encode_conversation", "parse_row"]
 
@@ -195,8 +196,7 @@ class LIMADataModule(LightningDataModule):
             problems.append(f"num_workers must be an int >= 0, got {num_workers!r}")
         if not 0.0 <= val_split_fraction < 1.0:
             problems.append(f"val_split_fraction must be in [0, 1), got {val_split_fraction!r}")
-        if problems:
-            raise ValueError("invalid LIMADataModule arguments:\n  - " + "\n  - ".join(problems))
+        raise_if_problems("LIMADataModule arguments", problems)
         self.save_hyperparameters()
         self.path, self.data_files, self.split, self.tokenizer = path, data_files, split, tokenizer
         self.max_seq_len, self.batch_size, self.num_workers = max_seq_len, batch_size, num_workers
