@@ -54,7 +54,7 @@ def read_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
     if not path.exists():
         raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
     if path.is_dir():
-        from bhyt_pl.distributed import load_sharded_checkpoint
+        from bhyt_pl.checkpoint_io import load_sharded_checkpoint
 
         checkpoint = load_sharded_checkpoint(path)
     else:

@@ -132,3 +132,14 @@ def test_fit_then_resume_from_last(tmp_path: Path) -> None:
     cli = main(["predict", *evaluate, "--trainer.limit_predict_batches", "2"])
     scores = cli.trainer.predict_loop.predictions
     assert len(scores) == 2 and scores[0]["nll"].shape == (4,) and bool((scores[0]["tokens"] == 64).all())
+
+
+def test_saved_configs_naming_the_old_checkpoint_io_module_still_load(tmp_path: Path) -> None:
+    """``config.yaml`` files written before the rename name ``bhyt_pl.distributed.AtomicCheckpointIO``."""
+    from bhyt_pl.checkpoint_io import AtomicCheckpointIO
+
+    args = ["--config", str(RECIPES / "tiny.yaml"), "--runs_dir", str(tmp_path)]
+    cli = main([*args, "--trainer.plugins", "[{class_path: bhyt_pl.distributed.AtomicCheckpointIO}]"], run=False)
+    assert isinstance(cli.trainer.strategy.checkpoint_io, AtomicCheckpointIO)
+    default = main(args, run=False)  # the CLI's own default now names bhyt_pl.checkpoint_io
+    assert type(default.trainer.strategy.checkpoint_io) is AtomicCheckpointIO

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -18,36 +17,16 @@ from lightning.pytorch import LightningDataModule
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader, Dataset
 
-from bhyt_pl.data.tokenizer import BOS, END_HEADER, EOT, HUB_TOKENIZER, START_HEADER, SpecialTokens, load_tokenizer
+from bhyt_pl.data.chat import ChatTemplate, chat_segments
+from bhyt_pl.data.tokenizer import HUB_TOKENIZER, SpecialTokens, load_tokenizer
 from bhyt_pl.validation import raise_if_problems
 
-__all__ = ["ChatTemplate", "LIMADataModule", "SFTDataset", "collate_sft", "encode_conversation", "parse_row"]
+__all__ = ["LIMADataModule", "SFTDataset", "collate_sft", "encode_conversation", "parse_row"]
 
 log = logging.getLogger(__name__)
 
 IGNORE_INDEX = -100
 """Label of positions without loss (``cross_entropy(..., ignore_index=-100)``)."""
-
-
-@dataclass(frozen=True)
-class ChatTemplate:
-    """How a conversation becomes text; the default is Llama-3's::
-
-        <|begin_of_text|><|start_header_id|>user<|end_header_id|>\\n\\n{prompt}<|eot_id|>
-        <|start_header_id|>assistant<|end_header_id|>\\n\\n{response}<|eot_id|>
-
-    (no newline between turns). Only each assistant turn's ``{response}<|eot_id|>`` is supervised.
-    Special-token strings are recognised by the tokenizer as single tokens.
-    """
-
-    prefix: str = BOS
-    """Text before the first turn."""
-    header: str = f"{START_HEADER}{{role}}{END_HEADER}\n\n"
-    """Text before each turn's content; ``{role}`` is ``user`` or ``assistant``."""
-    suffix: str = EOT
-    """Text after each turn's content (supervised after an assistant turn: the model learns to stop)."""
-    system: str | None = None
-    """Optional system prompt, rendered as a first ``system`` turn."""
 
 
 def parse_row(row: dict[str, Any]) -> list[str] | str:
@@ -86,13 +65,8 @@ def encode_conversation(
     assistant turn keeps its first segment (BOS) and its tail, and the final response keeps its start;
     the response gets at least half of the budget (all of it if it is shorter).
     """
-    segments: list[tuple[str, bool]] = [(template.prefix, False)]
-    if template.system is not None:
-        segments.append((template.header.format(role="system") + template.system + template.suffix, False))
-    for i, content in enumerate(turns):
-        role = "user" if i % 2 == 0 else "assistant"
-        segments.append((template.header.format(role=role), False))
-        segments.append((content + template.suffix, role == "assistant"))
+    messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": content} for i, content in enumerate(turns)]
+    segments = chat_segments(messages, template)
     encoded = [tokenizer.encode(text, add_special_tokens=False).ids if text else [] for text, _ in segments]
     flags = [[supervised or not mask_prompt] * len(ids) for ids, (_, supervised) in zip(encoded, segments)]
 

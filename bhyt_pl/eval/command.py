@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     from lm_eval.utils import handle_non_serializable, make_table
 
     from bhyt_pl.checkpoint import read_checkpoint
-    from bhyt_pl.data.lima import ChatTemplate
+    from bhyt_pl.data.chat import ChatTemplate
     from bhyt_pl.eval.lm import BHyTLM
     from bhyt_pl.eval.perplexity import load_texts, perplexity
 
