@@ -1,4 +1,4 @@
-"""``LlamaConfig``: one dataclass that fully describes a model, and the named presets (spec section 5)."""
+"""``LlamaConfig``: one dataclass that fully describes a model, and the named presets (docs/method.md, section 5)."""
 
 from __future__ import annotations
 
@@ -139,7 +139,7 @@ class LlamaConfig:
 _LLAMA32 = {"vocab_size": 128256, "rope_theta": 500000.0, "tie_embeddings": True, "max_seq_len": 2048}
 
 PRESETS: dict[str, dict[str, Any]] = {
-    # paper models (spec section 5)
+    # paper models (docs/method.md, section 5)
     "llama-374m": {
         **_LLAMA32,
         "dim": 1024,

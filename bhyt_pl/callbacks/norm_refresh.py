@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 
 
 def default_refresh_interval(max_steps: int) -> int:
-    """``N = max(1, min(1000, max_steps // 50))`` optimizer steps (spec section 3)."""
+    """``N = max(1, min(1000, max_steps // 50))`` optimizer steps (docs/method.md, section 3)."""
     return max(1, min(1000, max_steps // 50))
 
 

@@ -1,4 +1,4 @@
-"""C4 for pretraining (spec section 6): streamed, tokenized with BOS/EOS per document, packed into
+"""C4 for pretraining (docs/method.md, section 6): streamed, tokenized with BOS/EOS per document, packed into
 fixed ``seq_len + 1`` windows, sharded per rank and per DataLoader worker, resumable mid-epoch.
 
 Pipeline of one stream (a rank's DataLoader worker, or the rank itself with ``num_workers=0``)::

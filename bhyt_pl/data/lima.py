@@ -1,4 +1,4 @@
-"""LIMA for supervised fine-tuning (spec section 6): chat-templated conversations, prompt tokens masked
+"""LIMA for supervised fine-tuning (docs/method.md, section 6): chat-templated conversations, prompt tokens masked
 with -100 so only assistant turns are supervised, truncated to ``max_seq_len``, right-padded.
 
 Accepted rows: LIMA's (``conversations``: strings alternating user/assistant, starting with the user;

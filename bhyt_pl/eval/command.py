@@ -2,7 +2,7 @@
 
 Examples::
 
-    # the paper's suite (spec section 6): 3-shot, eight multiple-choice tasks (needs the Hub datasets)
+    # the paper's suite (docs/method.md, section 6): 3-shot, eight multiple-choice tasks (needs the Hub datasets)
     python -m bhyt_pl eval --ckpt_path runs/tiny-bhyt/checkpoints/last.ckpt
     # the embedded offline suite (bhyt_pl.eval.tasks), or any directory of local task YAMLs
     python -m bhyt_pl eval --ckpt_path last.ckpt --include_path embedded
@@ -30,7 +30,7 @@ __all__ = ["PAPER_TASKS", "build_parser", "main", "tensorboard_scalars"]
 log = logging.getLogger(__name__)
 
 PAPER_TASKS = ("arc_challenge", "arc_easy", "piqa", "hellaswag", "openbookqa", "winogrande", "mmlu", "boolq")
-"""The paper's lm-eval suite, evaluated 3-shot (spec section 6)."""
+"""The paper's lm-eval suite, evaluated 3-shot (docs/method.md, section 6)."""
 EMBEDDED = "embedded"
 
 

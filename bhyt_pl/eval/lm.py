@@ -41,7 +41,7 @@ from bhyt_pl.data.tokenizer import EMBEDDED, SpecialTokens, load_tokenizer
 from bhyt_pl.eval.scoring import score_rows
 from bhyt_pl.model import Llama
 
-__all__ = ["BHyTLM", "render_chat"]
+__all__ = ["BHyTLM"]
 
 log = logging.getLogger(__name__)
 

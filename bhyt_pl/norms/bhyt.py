@@ -84,7 +84,7 @@ def satisfies_variance_bound(lam: float, kappa: float, n_layers: int) -> bool:
 
 
 def vo_constant(w_v: torch.Tensor, w_o: torch.Tensor, n_head: int, n_kv_head: int, seq_len: int) -> torch.Tensor:
-    """``c = ||W_V W_O||_F^2 / (T d)`` with the GQA expansion (spec section 3).
+    """``c = ||W_V W_O||_F^2 / (T d)`` with the GQA expansion (docs/method.md, section 3).
 
     Args:
         w_v: value projection weight, ``nn.Linear`` layout [n_kv_head * head_dim, d].
@@ -283,7 +283,7 @@ class BHyTBlockNorms(BlockNorms):
     def pre_mlp(self, h: torch.Tensor, ctx: SiteStats) -> torch.Tensor:
         if not self.approximate:  # BHyT*: a second, exact reduction over h
             return self.mlp_in(h)
-        return self.mlp_in(h, self.approximate_stats(ctx))  # site B: no reduction over h (spec section 3)
+        return self.mlp_in(h, self.approximate_stats(ctx))  # site B: no reduction over h (docs/method.md, section 3)
 
     @torch.no_grad()
     def refresh_constants(self, attn: nn.Module) -> None:
@@ -369,7 +369,7 @@ class _BHyTSchemeBase(NormScheme):
 
 @register_norm("bhyt")
 class BHyTScheme(_BHyTSchemeBase):
-    """BHyT with one reduction per block (spec section 3).
+    """BHyT with one reduction per block (docs/method.md, section 3).
 
     Args:
         lambda_attn: initial lambda of site A (before attention). Released default 2; the paper's text uses 1.
