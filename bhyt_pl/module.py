@@ -66,7 +66,7 @@ class LlamaLM(L.LightningModule):
         init_checkpoint: start from the weights of this ``LlamaLM`` checkpoint (e.g. for SFT). The
             architecture and norm then come from the checkpoint; ``overrides`` still apply on top
             (e.g. a longer ``max_seq_len``), ``norm_args`` update the checkpoint's norm arguments
-            (``recipes/sft/bhyt.yaml``: ``lambda_final: 3``), ``preset`` and ``norm`` are ignored, and the
+            (``recipes/sft/norms/bhyt.yaml``: ``lambda_final: 3``), ``preset`` and ``norm`` are ignored, and the
             run's ``seq_len`` is bound as BHyT's T. Parameters that only the updated norm arguments create
             (a BHyT final norm's ``lambda_``) keep their initial value; every other key must match.
         compile: ``torch.compile`` each block (before any sharding, as torchtitan orders it).
@@ -113,8 +113,7 @@ class LlamaLM(L.LightningModule):
         if init_checkpoint:
             from bhyt_pl.checkpoint import read_model_config
 
-            self.init_config = read_model_config(init_checkpoint)
-            """The checkpoint's own config: what ``load_initial_weights`` expects to find."""
+            self.init_config = read_model_config(init_checkpoint)  # what load_initial_weights expects to find
             self.config = self.finetune_config(self.init_config, overrides or {}, norm_args or {}, seq_len)
         else:
             self.init_config = None

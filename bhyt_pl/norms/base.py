@@ -154,7 +154,9 @@ class NormScheme:
     Subclasses take their hyperparameters as typed constructor arguments, store each under an
     attribute of the same name (so ``hparams()`` can rebuild them) and validate them in
     ``__init__`` through ``_raise_if``. They implement ``block_norms``, and override
-    ``final_norm``/``embedding_norm`` where they differ from the defaults.
+    ``final_norm``/``embedding_norm`` where they differ from the defaults. Arguments that are facts
+    about the training run (BHyT's ``seq_len``) are listed in ``run_facts``, default to ``None`` and
+    are set by the entry points through ``bind``.
     """
 
     name: str = "<unregistered>"
