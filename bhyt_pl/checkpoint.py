@@ -17,7 +17,9 @@ from bhyt_pl.model import Llama
 __all__ = [
     "RESUME_MAY_CHANGE",
     "RESUME_MUST_MATCH",
+    "SCHEMA_VERSION",
     "LoadedModel",
+    "checkpoint_entry",
     "load_model",
     "load_model_state",
     "read_checkpoint",
@@ -35,6 +37,18 @@ RESUME_MAY_CHANGE = ("compile", "activation_checkpointing", "fsdp_mixed_precisio
 """``LlamaLM`` arguments a resume may change: how the same computation runs, or (``init_checkpoint``)
 weights the checkpoint's replace anyway. Every ``trainer.*`` setting may change too (``max_steps`` to
 train longer, devices, precision, logging), and the ``data`` module except its sequence length."""
+
+
+SCHEMA_VERSION = 2
+"""Version of the ``bhyt_pl`` entry of a checkpoint (docs/method.md, section 9). 1 (no
+``schema_version`` key): written before run facts were bound explicitly; a ``bhyt`` scheme saved
+without ``seq_len`` had T = 1024, which an unbound scheme still uses, so it reads unchanged. 2: adds
+``schema_version``; ``LlamaConfig`` fields added since have defaults that rebuild older models."""
+
+
+def checkpoint_entry(config: LlamaConfig, tokenizer: str | None) -> dict[str, Any]:
+    """The ``bhyt_pl`` entry ``LlamaLM`` writes into its checkpoints: plain data that rebuilds the model."""
+    return {"schema_version": SCHEMA_VERSION, "model_config": config.to_dict(), "tokenizer": tokenizer}
 
 
 @dataclass
@@ -58,13 +72,19 @@ def read_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
     if not path.exists():
         raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
     if path.is_dir():
-        from bhyt_pl.distributed import load_sharded_checkpoint
+        from bhyt_pl.checkpoint_io import load_sharded_checkpoint
 
         checkpoint = load_sharded_checkpoint(path)
     else:
         checkpoint = _torch_load(path, map_location=map_location, mmap=mmap)
     if not isinstance(checkpoint, dict) or "bhyt_pl" not in checkpoint or "state_dict" not in checkpoint:
         raise UsageError(f"{str(path)!r} is not a bhyt_pl LlamaLM checkpoint (no 'bhyt_pl' model config entry)")
+    version = checkpoint["bhyt_pl"].get("schema_version", 1)
+    if not isinstance(version, int) or not 1 <= version <= SCHEMA_VERSION:
+        raise UsageError(
+            f"{str(path)!r} has checkpoint schema_version {version!r}; this bhyt_pl reads versions 1 to "
+            f"{SCHEMA_VERSION}: upgrade bhyt_pl to load it"
+        )
     return checkpoint
 
 

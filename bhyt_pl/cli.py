@@ -41,7 +41,7 @@ TOOLS = {
     "eval": "bhyt_pl.eval",
     "bench": "bhyt_pl.bench",
     "study": "bhyt_pl.study",
-    "consolidate": "bhyt_pl.distributed",
+    "consolidate": "bhyt_pl.checkpoint_io",
 }
 """Subcommands that are not Lightning's: each module exposes ``main(argv) -> int``."""
 
@@ -158,7 +158,7 @@ class BHyTCLI(LightningCLI):
             callbacks.append(Namespace(class_path="bhyt_pl.callbacks.StepProgressBar", init_args=Namespace()))
         cfg.trainer.callbacks = callbacks
         if not cfg.trainer.plugins:  # a kill during a save never leaves a truncated last.ckpt
-            cfg.trainer.plugins = [{"class_path": "bhyt_pl.distributed.AtomicCheckpointIO"}]
+            cfg.trainer.plugins = [{"class_path": "bhyt_pl.checkpoint_io.AtomicCheckpointIO"}]
 
     def instantiate_classes(self) -> None:
         try:

@@ -1,10 +1,12 @@
-"""``LlamaConfig``: one dataclass that fully describes a model, and the named presets (spec section 5)."""
+"""``LlamaConfig``: one dataclass that fully describes a model, and the named presets (docs/method.md, section 5)."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from bhyt_pl.validation import raise_if_problems
 
 if TYPE_CHECKING:
     from bhyt_pl.norms import NormScheme
@@ -75,8 +77,7 @@ class LlamaConfig:
             problems.append(
                 f"norm_args must be a mapping of constructor arguments, got {type(self.norm_args).__name__}"
             )
-        if problems:
-            raise ValueError("invalid LlamaConfig:\n  - " + "\n  - ".join(problems))
+        raise_if_problems("LlamaConfig", problems)
         self.norm_scheme()  # unknown names and bad norm arguments fail here, before any work
 
     def norm_scheme(self) -> NormScheme:
@@ -84,6 +85,28 @@ class LlamaConfig:
         from bhyt_pl.norms import build_norm_scheme
 
         return build_norm_scheme(self.norm, **self.norm_args)
+
+    def bind(self, **facts: Any) -> LlamaConfig:
+        """This config with its norm scheme's run facts set (``NormScheme.bind``, e.g. ``seq_len=T``).
+
+        A copy whose ``norm_args`` carry the bound values, so a checkpoint records the facts its model
+        was trained with; ``self`` when nothing changes. Facts the scheme does not declare are ignored.
+
+        Example:
+            >>> LlamaConfig.from_name("tiny", norm="bhyt").bind(seq_len=256).norm_args
+            {'seq_len': 256}
+            >>> LlamaConfig.from_name("tiny").bind(seq_len=256).norm_args
+            {}
+        """
+        bound = self.norm_scheme().bind(**facts)
+        changed = {
+            k: getattr(bound, k)
+            for k in bound.run_facts
+            if getattr(bound, k) is not None and self.norm_args.get(k) != getattr(bound, k)
+        }
+        if not changed:
+            return self
+        return dataclasses.replace(self, norm_args={**self.norm_args, **changed})
 
     @classmethod
     def from_name(cls, name: str, **overrides: Any) -> LlamaConfig:
@@ -116,7 +139,7 @@ class LlamaConfig:
 _LLAMA32 = {"vocab_size": 128256, "rope_theta": 500000.0, "tie_embeddings": True, "max_seq_len": 2048}
 
 PRESETS: dict[str, dict[str, Any]] = {
-    # paper models (spec section 5)
+    # paper models (docs/method.md, section 5)
     "llama-374m": {
         **_LLAMA32,
         "dim": 1024,

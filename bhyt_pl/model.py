@@ -7,6 +7,7 @@ hd head width, d hidden size, V vocabulary.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -182,9 +183,6 @@ class Llama(nn.Module):
         for layer in self.layers:
             layer.refresh_norm_constants()
 
-    # alias under the name the spec uses
-    refresh_bhyt_constants = refresh_norm_constants
-
     def rope(self, start_pos: int, length: int, device: torch.device, dtype: torch.dtype):
         positions = torch.arange(start_pos, start_pos + length, device=device)
         return rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, dtype)
@@ -231,8 +229,9 @@ class Llama(nn.Module):
         max_new_tokens: int,
         temperature: float = 0.0,
         top_k: int | None = None,
-        eos_id: int | None = None,
+        eos_id: int | Sequence[int] | None = None,
         generator: torch.Generator | None = None,
+        stop: Callable[[torch.Tensor], bool] | None = None,
     ) -> torch.Tensor:
         """Extend ``prompt`` [B, T0] by up to ``max_new_tokens`` tokens with a KV cache.
 
@@ -241,9 +240,11 @@ class Llama(nn.Module):
             max_new_tokens: most tokens to add.
             temperature: 0 for greedy decoding, else the softmax temperature of sampling.
             top_k: sample only among the ``top_k`` most likely tokens.
-            eos_id: a row stops at this token (it is kept; later positions repeat it); generation
-                ends when every row has stopped.
+            eos_id: a row stops at this token, or at any of several (it is kept; later positions repeat
+                it); generation ends when every row has stopped.
             generator: random generator for reproducible sampling.
+            stop: called with the tokens so far [B, T0 + k] after each new token; generation ends when it
+                returns True (e.g. a stop string in the decoded text, as lm-eval's ``until``).
 
         Returns:
             [B, T0 + n] token ids, ``n <= max_new_tokens``.
@@ -259,14 +260,15 @@ class Llama(nn.Module):
         cache = self.new_kv_cache(B, total)
         tokens = prompt
         done = torch.zeros(B, dtype=torch.bool, device=prompt.device)
+        eos_ids = None if eos_id is None else torch.tensor(eos_id, device=prompt.device).reshape(-1)
         logits = self(prompt, cache, 0)[:, -1]  # prefill, [B, V]
         for pos in range(T0, total):
             nxt = _sample(logits.float(), temperature, top_k, generator)  # [B]
-            if eos_id is not None:
-                nxt = torch.where(done, torch.full_like(nxt, eos_id), nxt)
-                done = done | (nxt == eos_id)
+            if eos_ids is not None:
+                nxt = torch.where(done, tokens[:, -1], nxt)  # a stopped row repeats its stop token
+                done = done | torch.isin(nxt, eos_ids)
             tokens = torch.cat([tokens, nxt[:, None]], dim=1)
-            if (eos_id is not None and bool(done.all())) or pos + 1 == total:
+            if (eos_ids is not None and bool(done.all())) or pos + 1 == total or (stop is not None and stop(tokens)):
                 break
             logits = self(nxt[:, None], cache, pos)[:, -1]  # decode one token
         return tokens

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import logging
 import math
 from typing import Any
@@ -13,10 +12,13 @@ import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_warn
 from torchmetrics import MeanMetric
 
+from bhyt_pl.checkpoint import checkpoint_entry
 from bhyt_pl.config import LlamaConfig
 from bhyt_pl.model import Llama
-from bhyt_pl.norms import NormScheme, build_norm_scheme
+from bhyt_pl.norms import NormScheme
 from bhyt_pl.optim import cosine_with_warmup, parameter_groups
+from bhyt_pl.parallelize import load_full_state_dict, shard_model
+from bhyt_pl.validation import raise_if_problems
 
 __all__ = ["LlamaLM", "training_flops_per_token"]
 
@@ -49,8 +51,9 @@ class LlamaLM(L.LightningModule):
         norm: a registered norm name (``rmsnorm``, ``bhyt``, ...) or a ``NormScheme`` instance
             (``class_path``/``init_args`` in YAML) for a tuned or custom scheme.
         norm_args: constructor arguments for a norm given by name, e.g. ``{"lambda_attn": 1.0}``.
-        seq_len: training sequence length; linked from the data module by the CLI. Sets BHyT's ``T``
-            (``c = ||W_V W_O||_F^2 / (T d)``) unless ``norm_args`` sets ``seq_len`` itself.
+        seq_len: training sequence length ``T`` of this run; linked from the data module by the CLI. Bound
+            into the norm scheme's run facts (``NormScheme.bind``: BHyT's ``c = ||W_V W_O||_F^2 / (T d)``)
+            unless the scheme's own arguments set it; with ``init_checkpoint`` it replaces the pretraining T.
         tokenizer: tokenizer name or path the data uses; linked by the CLI and stored in checkpoints
             so evaluation can rebuild it.
         lr: peak learning rate.
@@ -62,7 +65,10 @@ class LlamaLM(L.LightningModule):
         adam_eps: AdamW epsilon.
         init_checkpoint: start from the weights of this ``LlamaLM`` checkpoint (e.g. for SFT). The
             architecture and norm then come from the checkpoint; ``overrides`` still apply on top
-            (e.g. a longer ``max_seq_len``), while ``preset``, ``norm`` and ``norm_args`` are ignored.
+            (e.g. a longer ``max_seq_len``), ``norm_args`` update the checkpoint's norm arguments
+            (``recipes/sft/norms/bhyt.yaml``: ``lambda_final: 3``), ``preset`` and ``norm`` are ignored, and the
+            run's ``seq_len`` is bound as BHyT's T. Parameters that only the updated norm arguments create
+            (a BHyT final norm's ``lambda_``) keep their initial value; every other key must match.
         compile: ``torch.compile`` each block (before any sharding, as torchtitan orders it).
         activation_checkpointing: recompute each block's activations in backward instead of storing them.
         fsdp_mixed_precision: under FSDP2 (``ModelParallelStrategy``), keep bf16 copies of the parameters
@@ -103,14 +109,14 @@ class LlamaLM(L.LightningModule):
             problems.append(f"weight_decay must be >= 0, got {weight_decay}")
         if not all(0 <= b < 1 for b in betas):
             problems.append(f"betas must be in [0, 1), got {betas}")
-        if problems:
-            raise ValueError("invalid LlamaLM arguments:\n  - " + "\n  - ".join(problems))
+        raise_if_problems("LlamaLM arguments", problems)
         if init_checkpoint:
             from bhyt_pl.checkpoint import read_model_config
 
-            config = read_model_config(init_checkpoint)
-            self.config = LlamaConfig(**{**config.to_dict(), **(overrides or {})})
+            self.init_config = read_model_config(init_checkpoint)  # what load_initial_weights expects to find
+            self.config = self.finetune_config(self.init_config, overrides or {}, norm_args or {}, seq_len)
         else:
+            self.init_config = None
             self.config = self.build_config(preset, overrides or {}, norm, norm_args or {}, seq_len)
         # hyperparameters are plain data: the norm is stored as its registry name and resolved arguments,
         # also in hparams_initial, which hparams.yaml and TensorBoard's HPARAMS are written from
@@ -127,26 +133,36 @@ class LlamaLM(L.LightningModule):
     def build_config(
         preset: str, overrides: dict[str, Any], norm: str | NormScheme, norm_args: dict[str, Any], seq_len: int | None
     ) -> LlamaConfig:
-        """Resolve preset + overrides + norm into one validated ``LlamaConfig`` (fails before any work)."""
+        """Resolve preset + overrides + norm into one validated ``LlamaConfig`` bound to this run's facts
+        (fails before any work). A run fact the scheme's own arguments set explicitly is kept, with a
+        warning when it differs from the run's."""
         if isinstance(norm, NormScheme):
             if norm_args:
                 raise ValueError("norm_args is only for a norm given by name; put them in the scheme's init_args")
             name, args = norm.name, norm.hparams()
-            if seq_len is not None and "seq_len" in args and args["seq_len"] != seq_len:
-                rank_zero_warn(f"{name}: seq_len={args['seq_len']} differs from the training seq_len={seq_len}")
         else:
             name, args = norm, dict(norm_args)
-            scheme_cls = type(build_norm_scheme(name, **args))
-            takes_seq_len = "seq_len" in inspect.signature(scheme_cls.__init__).parameters
-            if seq_len is not None and takes_seq_len and "seq_len" not in args:
-                args["seq_len"] = seq_len  # BHyT's T is the training sequence length (spec section 3)
         config = LlamaConfig.from_name(preset, **{**overrides, "norm": name, "norm_args": args})
-        if seq_len is not None and seq_len > config.max_seq_len:
+        scheme = config.norm_scheme()
+        return _bind_run(config, seq_len, explicit={k for k in scheme.run_facts if getattr(scheme, k) is not None})
+
+    @staticmethod
+    def finetune_config(
+        source: LlamaConfig, overrides: dict[str, Any], norm_args: dict[str, Any], seq_len: int | None
+    ) -> LlamaConfig:
+        """The config of a run that starts from a checkpoint whose config is ``source``: ``overrides`` and
+        ``norm_args`` on top of it, and this run's facts bound over the pretraining run's (the released
+        code sets BHyT's T from the current run's length every time it builds a model)."""
+        scheme = source.norm_scheme()
+        accepted = set(scheme.hparams())
+        unknown = sorted(set(norm_args) - accepted)
+        if unknown:
             raise ValueError(
-                f"seq_len={seq_len} exceeds the model's max_seq_len={config.max_seq_len}; "
-                "raise it with model.overrides: {max_seq_len: ...}"
+                f"norm_args {unknown} are not arguments of the checkpoint's norm {source.norm!r}; "
+                f"it accepts: {', '.join(sorted(accepted))}"
             )
-        return config
+        config = LlamaConfig(**{**source.to_dict(), **overrides, "norm_args": {**source.norm_args, **norm_args}})
+        return _bind_run(config, seq_len, explicit=set(norm_args) & set(scheme.run_facts))
 
     def configure_model(self) -> None:
         """Build the model here (not in ``__init__``) so sharded strategies can build it on the meta device.
@@ -185,28 +201,38 @@ class LlamaLM(L.LightningModule):
         return mesh["data_parallel"] if "data_parallel" in (mesh.mesh_dim_names or ()) else mesh
 
     def shard(self, model: Llama, mesh) -> None:  # noqa: ANN001 - DeviceMesh
-        """FSDP2: ``fully_shard`` every block, then the root (embeddings, final norm, tied output)."""
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-        policy = MixedPrecisionPolicy()
+        """FSDP2 sharding (``bhyt_pl.parallelize.shard_model``), bf16 compute copies with
+        ``fsdp_mixed_precision``."""
         if self.hparams.fsdp_mixed_precision:
-            policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        for layer in model.layers:
-            fully_shard(layer, mesh=mesh, mp_policy=policy)
-        fully_shard(model, mesh=mesh, mp_policy=policy)
+            shard_model(model, mesh, param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        else:
+            shard_model(model, mesh)
 
     def load_initial_weights(self, path: str) -> None:
-        """Load a ``LlamaLM`` checkpoint's weights into the (possibly sharded) model."""
+        """Load a ``LlamaLM`` checkpoint's weights into the (possibly sharded) model.
+
+        Strict about every key, except parameters that exist only because the norm arguments changed
+        from the checkpoint's (``init_config``): those keep their initial values (a BHyT final norm's
+        ``lambda_`` starts at ``lambda_final``; its gain is the checkpoint's RMSNorm gain, same key).
+        """
         from bhyt_pl.checkpoint import load_model_state
 
         state = load_model_state(path)
-        if any(hasattr(p, "full_tensor") for p in self.model.parameters()):  # FSDP2 DTensors
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-            set_model_state_dict(self.model, state, options=StateDictOptions(full_state_dict=True))
-            self.model.refresh_norm_constants()
-        else:
-            self.model.load_state_dict(state)  # the post-load hook refreshes c
+        expected = set(self.model.state_dict())
+        new_keys: set[str] = set()
+        if self.init_config is not None:
+            with torch.device("meta"):
+                new_keys = expected - set(Llama(self.init_config).state_dict())
+        missing, unexpected = sorted(expected - new_keys - set(state)), sorted(set(state) - expected)
+        if missing or unexpected:
+            raise RuntimeError(
+                f"init_checkpoint {path!r} does not match the model: missing keys {missing}, unexpected keys "
+                f"{unexpected}"
+            )
+        if new_keys:
+            log.info("init_checkpoint: %s keep their initial values (new with the norm arguments)", sorted(new_keys))
+        load_full_state_dict(self.model, state, strict=not new_keys)
+        self.model.refresh_norm_constants()  # c from the loaded weights (every rank, sharded or not)
 
     def configure_callbacks(self) -> list[L.Callback]:
         """Callbacks the model itself needs (added automatically): the norm-constant refresh for BHyT,
@@ -299,4 +325,32 @@ class LlamaLM(L.LightningModule):
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # a checkpoint carries the plain-data config so it can be rebuilt without this class's arguments
-        checkpoint["bhyt_pl"] = {"model_config": self.config.to_dict(), "tokenizer": self.hparams.tokenizer}
+        checkpoint["bhyt_pl"] = checkpoint_entry(self.config, self.hparams.tokenizer)
+
+
+def _bind_run(config: LlamaConfig, seq_len: int | None, explicit: set[str]) -> LlamaConfig:
+    """``config`` bound to this run's facts (docs/method.md, section 9), with ``LlamaLM``'s checks: a
+    sequence longer than the model is an error; a fact named in ``explicit`` (set by the user's norm
+    arguments) is kept, with a warning when it differs from the run's; a fact left unbound warns."""
+    if seq_len is not None and seq_len > config.max_seq_len:
+        raise ValueError(
+            f"seq_len={seq_len} exceeds the model's max_seq_len={config.max_seq_len}; "
+            "raise it with model.overrides: {max_seq_len: ...}"
+        )
+    facts = {"seq_len": seq_len}
+    for fact in sorted(explicit):
+        value = config.norm_args.get(fact)
+        if facts.get(fact) is not None and facts[fact] != value:
+            rank_zero_warn(
+                f"norm {config.norm!r}: {fact}={value} is set in the norm arguments and kept; "
+                f"this run's {fact} is {facts[fact]}"
+            )
+    config = config.bind(**{k: v for k, v in facts.items() if k not in explicit})
+    unbound = config.norm_scheme().unbound_run_facts()
+    if unbound:
+        rank_zero_warn(
+            f"norm {config.norm!r} needs the run fact(s) {unbound} but LlamaLM got none: pass "
+            f"LlamaLM({unbound[0]}=...) (the CLI links it from the data module); the scheme falls back to "
+            "its default (docs/method.md, section 9)"
+        )
+    return config

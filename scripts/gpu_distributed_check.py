@@ -27,14 +27,18 @@ from bhyt_pl import Llama, LlamaConfig, parameter_groups
 from bhyt_pl.callbacks.throughput import peak_flops_for
 from bhyt_pl.model import Block
 from bhyt_pl.module import training_flops_per_token
+from bhyt_pl.parallelize import shard_model
 
 SCHEMES = ["rmsnorm", "layernorm", "dyt", "bhyt", "bhyt_exact", "peri_ln", "lns"]
 
 
+def model_config(args, norm: str) -> LlamaConfig:
+    """The preset with ``norm``, bound to this run's sequence length (BHyT's T)."""
+    return LlamaConfig.from_name(args.preset, norm=norm).bind(seq_len=args.seq_len)
+
+
 def build(args, norm: str, strategy: str, compiled: bool, device: torch.device):
-    config = LlamaConfig.from_name(
-        args.preset, norm=norm, norm_args={"seq_len": args.seq_len} if norm == "bhyt" else {}
-    )
+    config = model_config(args, norm)
     bf16 = device.type == "cuda"
     if strategy == "fsdp1":
         from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision
@@ -54,7 +58,6 @@ def build(args, norm: str, strategy: str, compiled: bool, device: torch.device):
         )
     else:
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         mesh = init_device_mesh(device.type, (dist.get_world_size(),))
         with torch.device("meta"):
@@ -62,14 +65,10 @@ def build(args, norm: str, strategy: str, compiled: bool, device: torch.device):
         if compiled:
             for layer in model.layers:
                 layer.compile()
-        mp = (
-            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-            if bf16
-            else MixedPrecisionPolicy()
-        )
-        for layer in model.layers:
-            fully_shard(layer, mesh=mesh, mp_policy=mp)
-        fully_shard(model, mesh=mesh, mp_policy=mp)
+        if bf16:
+            shard_model(model, mesh, param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        else:
+            shard_model(model, mesh)
         model.to_empty(device=device)
         model.reset_parameters()
     return model, config

@@ -1,4 +1,4 @@
-"""Independent float64 reference of the model, written from the spec's formulas (sections 2-5).
+"""Independent float64 reference of the model, written from the formulas of docs/method.md (sections 2-5).
 
 Reads only weights from the package's modules; none of the package's norm, attention or RoPE
 code runs here.
@@ -89,7 +89,7 @@ def bhyt_site(x, site, kappa, eps, stat, spread=None, mean=None):
 
 
 def model_ref(model, idx: torch.Tensor, norm: str, args: dict) -> torch.Tensor:
-    """Logits of ``model`` for ``idx`` in float64, every norm from the spec's formulas."""
+    """Logits of ``model`` for ``idx`` in float64, every norm from the formulas of docs/method.md."""
     cfg = model.config
     theta = cfg.rope_theta
     x = _p(model.embed.weight)[idx]

@@ -203,7 +203,7 @@ def test_a_full_disk_is_reported_plainly(tmp_path: Path, monkeypatch) -> None:
     """torch buried ``No space left on device`` in a chained ``inline_container`` error without the file."""
     import tempfile
 
-    from bhyt_pl.distributed import AtomicCheckpointIO
+    from bhyt_pl.checkpoint_io import AtomicCheckpointIO
 
     def full_device(*args, dir=None, **kwargs):  # noqa: A002
         return os.open("/dev/full", os.O_WRONLY), str(Path(dir) / ".last.ckpt.tmp")
@@ -225,3 +225,12 @@ def test_a_parse_error_is_not_buried_under_the_usage(capsys) -> None:
         main(["fit", "--config", str(RECIPES / "tiny.yaml"), "--model.nrom", "bhyt"])
     err = capsys.readouterr().err
     assert "error: " in err and "nrom" in err and "usage:" not in err and len(err.splitlines()) <= 3, err
+def test_saved_configs_naming_the_old_checkpoint_io_module_still_load(tmp_path: Path) -> None:
+    """``config.yaml`` files written before the rename name ``bhyt_pl.distributed.AtomicCheckpointIO``."""
+    from bhyt_pl.checkpoint_io import AtomicCheckpointIO
+
+    args = ["--config", str(RECIPES / "tiny.yaml"), "--runs_dir", str(tmp_path)]
+    cli = main([*args, "--trainer.plugins", "[{class_path: bhyt_pl.distributed.AtomicCheckpointIO}]"], run=False)
+    assert isinstance(cli.trainer.strategy.checkpoint_io, AtomicCheckpointIO)
+    default = main(args, run=False)  # the CLI's own default now names bhyt_pl.checkpoint_io
+    assert type(default.trainer.strategy.checkpoint_io) is AtomicCheckpointIO

@@ -1,4 +1,4 @@
-"""LlamaConfig: presets as in the spec's table, overrides, and errors that name the field."""
+"""LlamaConfig: presets as in the table of docs/method.md, overrides, and errors that name the field."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from bhyt_pl import PRESETS, LlamaConfig
 
 
 def test_paper_presets_match_spec_table() -> None:
-    table = {  # spec section 5: d, layers, heads, kv heads, head dim, MLP
+    table = {  # docs/method.md, section 5: d, layers, heads, kv heads, head dim, MLP
         "llama-374m": (1024, 16, 16, 4, 64, 4096),
         "llama-1b": (2048, 16, 32, 8, 64, 8192),
         "llama-3b": (3072, 28, 24, 8, 128, 8192),

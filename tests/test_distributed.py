@@ -11,7 +11,7 @@ import torch
 from distributed_jobs.launch import ROOT, records, run, write_yaml
 
 from bhyt_pl import Llama, LlamaConfig, load_model
-from bhyt_pl.distributed import AtomicCheckpointIO, consolidate_checkpoint
+from bhyt_pl.checkpoint_io import AtomicCheckpointIO, consolidate_checkpoint
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

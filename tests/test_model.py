@@ -105,6 +105,21 @@ def test_greedy_generate_equals_argmax_loop_and_stops_at_eos() -> None:
     assert stopped.shape[1] == 5 + first + 1 and stopped[0, -1] == eos
 
 
+def test_generate_stops_at_any_of_several_eos_ids_and_at_a_stop_callback() -> None:
+    model = Llama(_small("bhyt")).eval()
+    prompt = torch.randint(0, 97, (2, 5))
+    free = model.generate(prompt, max_new_tokens=8)
+    a, b = int(free[0, 6]), int(free[1, 8])  # row 0's second and row 1's fourth new token
+    out = model.generate(prompt, max_new_tokens=8, eos_id=[a, b])
+    for row in range(2):  # each row stops at its first stop token, then repeats it until all stopped
+        new = free[row, 5:].tolist()
+        n = min(new.index(t) for t in (a, b) if t in new) + 1
+        assert out[row, 5 : 5 + n].tolist() == new[:n] and set(out[row, 5 + n :].tolist()) <= {new[n - 1]}
+    seen: list[int] = []
+    cut = model.generate(prompt, max_new_tokens=8, stop=lambda tokens: seen.append(tokens.shape[1]) or len(seen) == 3)
+    assert seen == [6, 7, 8] and torch.equal(cut, free[:, :8])
+
+
 def test_sampling_is_reproducible_and_top_k_restricts() -> None:
     model = Llama(_small()).eval()
     prompt = torch.randint(0, 97, (1, 4))

@@ -181,7 +181,7 @@ def _sites(results, variants: list[Variant], settings, device, dtype, sync) -> N
         for mode, use_compile in _modes(settings).items():
             steps = {}
             for v in variants:
-                norms = block_norms(v, dim, 16, device, dtype)
+                norms = block_norms(v, dim, 16, device, dtype, settings["seq_len"])
                 step, forward = site_step(norms, settings["site_tokens"], use_compile, device, dtype)
                 steps[v.label] = step
                 if "memory" in settings["parts"] and dim == settings["site_dims"][0]:
@@ -199,7 +199,7 @@ def _train(results, variants: list[Variant], settings, device, dtype, sync) -> N
     for mode, use_compile in _modes(settings).items():
         steps = {}
         for v in variants:
-            model = build_model(settings["preset"], v, settings["overrides"], device, dtype)
+            model = build_model(settings["preset"], v, settings["overrides"], device, dtype, settings["seq_len"])
             if use_compile:
                 compile_blocks(model)
             step, forward_loss = train_step(model, B, T, model.config.vocab_size)
@@ -221,7 +221,7 @@ def _generate(results, variants: list[Variant], settings, device, dtype, sync) -
     B, P, N = settings["gen_batch"], settings["prompt_len"], settings["new_tokens"]
     prefill, generate = {}, {}
     for v in variants:
-        model = build_model(settings["preset"], v, settings["overrides"], device, dtype)
+        model = build_model(settings["preset"], v, settings["overrides"], device, dtype, settings["seq_len"])
         prefill[v.label], generate[v.label] = generation_fns(model, B, P, N, model.config.vocab_size)
         if settings["peers"] and v.label == "rmsnorm":
             hf = hf_peer(model)

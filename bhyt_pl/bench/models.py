@@ -13,9 +13,13 @@ from bhyt_pl.model import Llama
 __all__ = ["build_model", "compile_blocks", "hf_peer"]
 
 
-def build_model(preset: str, variant: Variant, overrides: dict[str, Any], device: torch.device, dtype: torch.dtype):
-    """``Llama`` of ``preset`` (with ``overrides``) for ``variant``, initialised from seed 0."""
+def build_model(
+    preset: str, variant: Variant, overrides: dict[str, Any], device: torch.device, dtype: torch.dtype, seq_len: int
+):
+    """``Llama`` of ``preset`` (with ``overrides``) for ``variant``, initialised from seed 0, its norm scheme
+    bound to the benchmark's training length ``seq_len`` (BHyT's T)."""
     config = LlamaConfig.from_name(preset, norm=variant.norm, norm_args=dict(variant.norm_args), **overrides)
+    config = config.bind(seq_len=seq_len)
     torch.manual_seed(0)
     with torch.device("meta"):
         model = Llama(config)

@@ -15,7 +15,7 @@ __all__ = ["PAPER", "markdown", "throughput_entries", "time_entries"]
 
 BASELINE = "rmsnorm"
 
-# spec section 7 (Llama-1B, GPU; hardware and batch not published)
+# docs/method.md, section 7 (Llama-1B, GPU; hardware and batch not published)
 PAPER = {
     "train_bhyt_vs_rmsnorm": 83.0 / 81.7,
     "generate_bhyt_vs_rmsnorm": 1.0177,

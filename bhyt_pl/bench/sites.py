@@ -18,9 +18,13 @@ from bhyt_pl.norms import BlockNorms, build_norm_scheme
 __all__ = ["block_norms", "site_step"]
 
 
-def block_norms(variant: Variant, dim: int, n_layers: int, device: torch.device, dtype: torch.dtype) -> BlockNorms:
-    """The norms of block 0 of ``n_layers`` for ``variant``; BHyT's cached ``c`` set to a typical 0.5."""
-    norms = build_norm_scheme(variant.norm, **variant.norm_args).block_norms(dim, 0, n_layers)
+def block_norms(
+    variant: Variant, dim: int, n_layers: int, device: torch.device, dtype: torch.dtype, seq_len: int
+) -> BlockNorms:
+    """The norms of block 0 of ``n_layers`` for ``variant``, bound to the training length ``seq_len``;
+    BHyT's cached ``c`` set to a typical 0.5 (there are no attention weights to derive it from)."""
+    scheme = build_norm_scheme(variant.norm, **variant.norm_args).bind(seq_len=seq_len)
+    norms = scheme.block_norms(dim, 0, n_layers)
     norms = norms.to(device=device, dtype=dtype)
     if hasattr(norms, "c"):
         with torch.no_grad():

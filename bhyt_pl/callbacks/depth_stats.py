@@ -1,4 +1,4 @@
-"""Depth-wise activation statistics (spec section 6, the paper's Figure 3) measured on the training batch.
+"""Depth-wise activation statistics (docs/method.md, section 6, the paper's Figure 3) measured on the training batch.
 
 On a logging step the callback registers forward hooks on every block and every norm site of the
 ``Llama`` inside the LightningModule, lets the normal training forward run through them, removes
@@ -17,7 +17,7 @@ Statistics (all per token over the hidden dimension, averaged over the tokens of
   sites: BHyT, DyT); for BHyT's site B the argument uses the approximated statistic, as the forward does.
 - ``lambda/<site>`` (BHyT) and ``alpha/<site>`` (DyT): the current learnable scalar.
 - ``bhyt_moment_ratio``: site B's approximated second moment ``m + c*lambda_A^2/kappa^2`` divided by
-  the exact ``mean_d h_t^2`` (``1.0`` means the approximation of spec section 3 is exact).
+  the exact ``mean_d h_t^2`` (``1.0`` means the approximation of docs/method.md, section 3 is exact).
 
 Scalars are named ``depth/<stat>[/<site>]/layer_<ii>``; figures (TensorBoard only) ``depth/<stat>``.
 """
@@ -161,7 +161,7 @@ class DepthStatsCollector:
                         self._add(f"{key}/{site_name}/{layer}", value.detach().reshape(()), 1)
                 if approximated and len(args) > 1 and hasattr(args[1], "spread"):
                     # site B of BHyT: the statistic the forward received (approximate_stats of site A's)
-                    # against the exact one over h (spec section 3)
+                    # against the exact one over h (docs/method.md, section 3)
                     exact = module.statistics(x).spread  # [..., 1]
                     approx = args[1].spread.expand_as(exact)  # [..., 1]
                     self._add(f"bhyt_moment_ratio/{layer}", (approx / exact.clamp_min(1e-30)).sum(), n)

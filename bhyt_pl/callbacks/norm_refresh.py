@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import lightning as L
@@ -11,6 +10,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from bhyt_pl.model import Llama
+from bhyt_pl.parallelize import full_weights
 
 __all__ = ["NormConstantRefresh", "default_refresh_interval", "norm_refresh_callbacks"]
 
@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 
 
 def default_refresh_interval(max_steps: int) -> int:
-    """``N = max(1, min(1000, max_steps // 50))`` optimizer steps (spec section 3)."""
+    """``N = max(1, min(1000, max_steps // 50))`` optimizer steps (docs/method.md, section 3)."""
     return max(1, min(1000, max_steps // 50))
 
 
@@ -69,7 +69,7 @@ class NormConstantRefresh(L.Callback):
             self.interval = default_refresh_interval(total or 50_000)
 
     def refresh(self, pl_module: L.LightningModule) -> None:
-        with _full_parameters(pl_module):
+        with full_weights(pl_module):  # FSDP1: whole matrices; FSDP2 gathers in refresh_constants
             for module in pl_module.modules():
                 if isinstance(module, Llama):
                     module.refresh_norm_constants()
@@ -96,16 +96,6 @@ class NormConstantRefresh(L.Callback):
     @override
     def state_dict(self) -> dict[str, Any]:
         return {"every_n_steps": self.every_n_steps, "enabled": self.enabled}
-
-
-def _full_parameters(module: L.LightningModule) -> AbstractContextManager:
-    """FSDP1 keeps only flat shards between steps: gather the full weights for the refresh (every rank
-    enters this collective on the same steps). FSDP2 needs nothing here: its DTensors gather themselves."""
-    from torch.distributed.fsdp import FullyShardedDataParallel
-
-    if any(isinstance(m, FullyShardedDataParallel) for m in module.modules()):
-        return FullyShardedDataParallel.summon_full_params(module, writeback=False, recurse=True)
-    return nullcontext()
 
 
 def norm_refresh_callbacks(trainer: L.Trainer | None, needs_refresh: bool) -> list[L.Callback]:

@@ -4,7 +4,8 @@ Everything heavy (``datasets``, file resolution, tokenizer loading) happens in `
 """
 
 from bhyt_pl.data.c4 import EMBEDDED_DATA_FILES, C4DataModule, PackedWindows, ResumableLoader, read_documents
-from bhyt_pl.data.lima import ChatTemplate, LIMADataModule, collate_sft, encode_conversation, parse_row
+from bhyt_pl.data.chat import ChatTemplate, render_chat
+from bhyt_pl.data.lima import LIMADataModule, collate_sft, encode_conversation, parse_row
 from bhyt_pl.data.tokenizer import DEFAULT_TOKENIZER, EMBEDDED, HUB_TOKENIZER, SpecialTokens, load_tokenizer
 
 __all__ = [
@@ -23,4 +24,5 @@ __all__ = [
     "load_tokenizer",
     "parse_row",
     "read_documents",
+    "render_chat",
 ]

@@ -1,4 +1,4 @@
-"""C4 for pretraining (spec section 6): streamed, tokenized with BOS/EOS per document, packed into
+"""C4 for pretraining (docs/method.md, section 6): streamed, tokenized with BOS/EOS per document, packed into
 fixed ``seq_len + 1`` windows, sharded per rank and per DataLoader worker, resumable mid-epoch.
 
 Pipeline of one stream (a rank's DataLoader worker, or the rank itself with ``num_workers=0``)::
@@ -28,6 +28,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from bhyt_pl.data.tokenizer import ASSETS_DIR, EMBEDDED, HUB_TOKENIZER, SpecialTokens, load_tokenizer
 from bhyt_pl.errors import UsageError
+from bhyt_pl.validation import raise_if_problems
 
 __all__ = ["EMBEDDED_DATA_FILES", "C4DataModule", "PackedWindows", "ResumableLoader", "read_documents"]
 
@@ -385,8 +386,7 @@ class C4DataModule(LightningDataModule):
             for field, value in (("num_workers", num_workers), ("shuffle_buffer", shuffle_buffer))
             if not isinstance(value, int) or isinstance(value, bool) or value < 0
         ]
-        if problems:
-            raise ValueError("invalid C4DataModule arguments:\n  - " + "\n  - ".join(problems))
+        raise_if_problems("C4DataModule arguments", problems)
         self.save_hyperparameters()
         self.path, self.name, self.data_files, self.tokenizer = path, name, data_files, tokenizer
         self.seq_len, self.batch_size, self.num_workers = seq_len, batch_size, num_workers

@@ -1,4 +1,4 @@
-"""LIMA for supervised fine-tuning (spec section 6): chat-templated conversations, prompt tokens masked
+"""LIMA for supervised fine-tuning (docs/method.md, section 6): chat-templated conversations, prompt tokens masked
 with -100 so only assistant turns are supervised, truncated to ``max_seq_len``, right-padded.
 
 Accepted rows: LIMA's (``conversations``: strings alternating user/assistant, starting with the user;
@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -18,35 +17,16 @@ from lightning.pytorch import LightningDataModule
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader, Dataset
 
-from bhyt_pl.data.tokenizer import BOS, END_HEADER, EOT, HUB_TOKENIZER, START_HEADER, SpecialTokens, load_tokenizer
+from bhyt_pl.data.chat import ChatTemplate, chat_segments
+from bhyt_pl.data.tokenizer import HUB_TOKENIZER, SpecialTokens, load_tokenizer
+from bhyt_pl.validation import raise_if_problems
 
-__all__ = ["ChatTemplate", "LIMADataModule", "SFTDataset", "collate_sft", "encode_conversation", "parse_row"]
+__all__ = ["LIMADataModule", "SFTDataset", "collate_sft", "encode_conversation", "parse_row"]
 
 log = logging.getLogger(__name__)
 
 IGNORE_INDEX = -100
 """Label of positions without loss (``cross_entropy(..., ignore_index=-100)``)."""
-
-
-@dataclass(frozen=True)
-class ChatTemplate:
-    """How a conversation becomes text; the default is Llama-3's::
-
-        <|begin_of_text|><|start_header_id|>user<|end_header_id|>\\n\\n{prompt}<|eot_id|>
-        <|start_header_id|>assistant<|end_header_id|>\\n\\n{response}<|eot_id|>
-
-    (no newline between turns). Only each assistant turn's ``{response}<|eot_id|>`` is supervised.
-    Special-token strings are recognised by the tokenizer as single tokens.
-    """
-
-    prefix: str = BOS
-    """Text before the first turn."""
-    header: str = f"{START_HEADER}{{role}}{END_HEADER}\n\n"
-    """Text before each turn's content; ``{role}`` is ``user`` or ``assistant``."""
-    suffix: str = EOT
-    """Text after each turn's content (supervised after an assistant turn: the model learns to stop)."""
-    system: str | None = None
-    """Optional system prompt, rendered as a first ``system`` turn."""
 
 
 def parse_row(row: dict[str, Any]) -> list[str] | str:
@@ -95,13 +75,8 @@ def encode_conversation(
     assistant turn keeps its first segment (BOS) and its tail, and the final response keeps its start;
     the response gets at least half of the budget (all of it if it is shorter).
     """
-    segments: list[tuple[str, bool]] = [(template.prefix, False)]
-    if template.system is not None:
-        segments.append((template.header.format(role="system") + template.system + template.suffix, False))
-    for i, content in enumerate(turns):
-        role = "user" if i % 2 == 0 else "assistant"
-        segments.append((template.header.format(role=role), False))
-        segments.append((content + template.suffix, role == "assistant"))
+    messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": content} for i, content in enumerate(turns)]
+    segments = chat_segments(messages, template)
     encoded = [tokenizer.encode(text, add_special_tokens=False).ids if text else [] for text, _ in segments]
     flags = [[supervised or not mask_prompt] * len(ids) for ids, (_, supervised) in zip(encoded, segments)]
 
@@ -205,8 +180,7 @@ class LIMADataModule(LightningDataModule):
             problems.append(f"num_workers must be an int >= 0, got {num_workers!r}")
         if not 0.0 <= val_split_fraction < 1.0:
             problems.append(f"val_split_fraction must be in [0, 1), got {val_split_fraction!r}")
-        if problems:
-            raise ValueError("invalid LIMADataModule arguments:\n  - " + "\n  - ".join(problems))
+        raise_if_problems("LIMADataModule arguments", problems)
         self.save_hyperparameters()
         self.path, self.data_files, self.split, self.tokenizer = path, data_files, split, tokenizer
         self.max_seq_len, self.batch_size, self.num_workers = max_seq_len, batch_size, num_workers

@@ -30,7 +30,7 @@ ASSETS_DIR = Path(__file__).resolve().parent / "assets"
 DEFAULT_TOKENIZER = str(ASSETS_DIR / "tokenizer.json")
 """Absolute path of the embedded 8k byte-level BPE ``tokenizer.json``."""
 HUB_TOKENIZER = "meta-llama/Llama-3.2-1B"
-"""The paper's tokenizer (spec section 5), a gated Hub repository."""
+"""The paper's tokenizer (docs/method.md, section 5), a gated Hub repository."""
 EMBEDDED = "embedded"
 """Keyword that selects an embedded asset (``tokenizer: embedded``, ``data_files: embedded``)."""
 

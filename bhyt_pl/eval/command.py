@@ -2,7 +2,7 @@
 
 Examples::
 
-    # the paper's suite (spec section 6): 3-shot, eight multiple-choice tasks (needs the Hub datasets)
+    # the paper's suite (docs/method.md, section 6): 3-shot, eight multiple-choice tasks (needs the Hub datasets)
     python -m bhyt_pl eval --ckpt_path runs/tiny-bhyt/version_0/checkpoints/last.ckpt
     # the embedded offline suite (bhyt_pl.eval.tasks), or any directory of local task YAMLs
     python -m bhyt_pl eval --ckpt_path last.ckpt --include_path embedded
@@ -31,7 +31,7 @@ __all__ = ["PAPER_TASKS", "build_parser", "main", "tensorboard_scalars"]
 log = logging.getLogger(__name__)
 
 PAPER_TASKS = ("arc_challenge", "arc_easy", "piqa", "hellaswag", "openbookqa", "winogrande", "mmlu", "boolq")
-"""The paper's lm-eval suite, evaluated 3-shot (spec section 6)."""
+"""The paper's lm-eval suite, evaluated 3-shot (docs/method.md, section 6)."""
 EMBEDDED = "embedded"
 
 
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     from lm_eval.utils import handle_non_serializable, make_table
 
     from bhyt_pl.checkpoint import read_checkpoint
-    from bhyt_pl.data.lima import ChatTemplate
+    from bhyt_pl.data.chat import ChatTemplate
     from bhyt_pl.eval.lm import BHyTLM
     from bhyt_pl.eval.perplexity import load_texts, perplexity
 

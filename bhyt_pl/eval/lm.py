@@ -36,36 +36,16 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window, simpl
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
-from bhyt_pl.data.lima import ChatTemplate
+from bhyt_pl.data.chat import ChatTemplate, render_chat
 from bhyt_pl.data.tokenizer import EMBEDDED, SpecialTokens, load_tokenizer
 from bhyt_pl.eval.scoring import score_rows
 from bhyt_pl.model import Llama
 
-__all__ = ["BHyTLM", "render_chat"]
+__all__ = ["BHyTLM"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_GEN_TOKS = 256
-
-
-def render_chat(messages: list[dict[str, str]], template: ChatTemplate, add_generation_prompt: bool = True) -> str:
-    """Render ``[{"role", "content"}, ...]`` with the chat template the LIMA data module trains with.
-
-    ``add_generation_prompt`` appends an open assistant header; without it a final assistant message is
-    left open (no ``suffix``), so the model continues it (lm-eval's ``gen_prefix``).
-    """
-    text = template.prefix
-    if template.system is not None and not (messages and messages[0]["role"] == "system"):
-        text += template.header.format(role="system") + template.system + template.suffix
-    for i, message in enumerate(messages):
-        role = message["role"]
-        if role not in ("system", "user", "assistant"):
-            raise ValueError(f"chat role must be 'system', 'user' or 'assistant', got {role!r}")
-        is_open = not add_generation_prompt and i == len(messages) - 1 and role == "assistant"
-        text += template.header.format(role=role) + message["content"] + ("" if is_open else template.suffix)
-    if add_generation_prompt:
-        text += template.header.format(role="assistant")
-    return text
 
 
 @register_model("bhyt_pl")
@@ -230,30 +210,23 @@ class BHyTLM(TemplateLM):
         return results
 
     # ----------------------------------------------------------------------------- generation
-    @torch.inference_mode()
     def _generate(self, context: list[int], until: list[str], max_gen_toks: int, temperature: float) -> str:
-        """Greedy (or sampled) decoding with the model's KV cache until a stop string, EOS/EOT or the budget."""
+        """Greedy (or sampled) decoding with ``Llama.generate`` until a stop string, EOS/EOT or the budget."""
         budget = max(1, min(max_gen_toks, self.max_length - 1))
         context = context[-(self.max_length - budget) :]  # left-truncate so the answer fits
-        stop_ids = {self.special.eos_id} | ({self.special.eot_id} if self.special.eot_id is not None else set())
-        total = len(context) + budget
-        cache = self.model.new_kv_cache(1, total)
-        logits = self.model(torch.tensor([context], device=self.device), cache, 0)[:, -1]  # [1, V]
-        out: list[int] = []
-        text = ""
-        for pos in range(len(context), total):
-            logits = logits.float()
-            if temperature > 0:
-                nxt = int(torch.multinomial(torch.softmax(logits / temperature, dim=-1), 1))
-            else:
-                nxt = int(logits.argmax(dim=-1))
-            if nxt in stop_ids:
-                break
-            out.append(nxt)
-            text = self.tok_decode(out)
-            if any(s and s in text for s in until) or pos + 1 == total:
-                break
-            logits = self.model(torch.tensor([[nxt]], device=self.device), cache, pos)[:, -1]
+        stop_ids = [self.special.eos_id] + ([self.special.eot_id] if self.special.eot_id is not None else [])
+        n0 = len(context)
+
+        def reached_stop_string(tokens: torch.Tensor) -> bool:  # tokens: [1, n0 + k]
+            text = self.tok_decode(tokens[0, n0:].tolist())
+            return any(s and s in text for s in until)
+
+        prompt = torch.tensor([context], device=self.device)
+        out = self.model.generate(prompt, budget, temperature, eos_id=stop_ids, stop=reached_stop_string)
+        out = out[0, n0:].tolist()
+        if out and out[-1] in stop_ids:  # a stop token ends the answer and is not part of it
+            out = out[:-1]
+        text = self.tok_decode(out)
         cut = min((text.index(s) for s in until if s and s in text), default=len(text))
         return text[:cut]
 

@@ -1,4 +1,4 @@
-"""Token-level perplexity with a sliding window (spec section 6: C4 and WikiText-2 after SFT).
+"""Token-level perplexity with a sliding window (docs/method.md, section 6: C4 and WikiText-2 after SFT).
 
 Each document is scored as ``[BOS] ids`` (the C4 data module's layout; no EOS is scored). Windows
 hold at most ``max_length`` input tokens; the first predicts the first ``max_length`` tokens, each

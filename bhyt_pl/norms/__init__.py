@@ -1,4 +1,4 @@
-"""Normalization schemes: an open registry of per-block norms (spec sections 2-4).
+"""Normalization schemes: an open registry of per-block norms (docs/method.md, sections 2-4).
 
 Importing this package registers the built-in schemes: ``rmsnorm``, ``layernorm``, ``dyt``,
 ``bhyt``, ``bhyt_exact``, ``peri_ln`` and ``lns``. Add your own with ``@register_norm``.

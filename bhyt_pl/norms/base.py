@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import torch
 from torch import nn
 
+from bhyt_pl.validation import raise_if_problems
+
 __all__ = [
+    "RUN_FACTS",
     "BlockNorms",
     "NormScheme",
     "build_norm_scheme",
@@ -27,6 +30,10 @@ __all__ = [
 ]
 
 _REGISTRY: dict[str, type[NormScheme]] = {}
+
+RUN_FACTS: tuple[str, ...] = ("seq_len",)
+"""Every fact about a run an entry point can bind into a scheme (``NormScheme.bind``):
+``seq_len``, the training sequence length ``T`` of the run that trains the model."""
 
 S = TypeVar("S", bound="type[NormScheme]")
 
@@ -50,6 +57,12 @@ def register_norm(name: str) -> Callable[[S], S]:
         if existing is not None and existing.__qualname__ != cls.__qualname__:
             raise ValueError(
                 f"norm name {name!r} is already registered to {existing.__module__}.{existing.__qualname__}"
+            )
+        params = inspect.signature(cls.__init__).parameters
+        bad = [f for f in cls.run_facts if f not in RUN_FACTS or f not in params]
+        if bad:
+            raise TypeError(
+                f"@register_norm({name!r}): run_facts {bad} must be constructor arguments named among {RUN_FACTS}"
             )
         cls.name = name
         _REGISTRY[name] = cls
@@ -200,13 +213,20 @@ class NormScheme:
     Subclasses take their hyperparameters as typed constructor arguments, store each under an
     attribute of the same name (so ``hparams()`` can rebuild them) and validate them in
     ``__init__`` through ``_raise_if``. They implement ``block_norms``, and override
-    ``final_norm``/``embedding_norm`` where they differ from the defaults.
+    ``final_norm``/``embedding_norm`` where they differ from the defaults. Arguments that are facts
+    about the training run (BHyT's ``seq_len``) are listed in ``run_facts``, default to ``None`` and
+    are set by the entry points through ``bind``.
     """
 
     name: str = "<unregistered>"
     needs_constant_refresh: bool = False
     """True when ``BlockNorms.refresh_constants`` caches weight-derived values that go stale as the
     weights train (BHyT's ``c``); training then adds the refresh callback automatically."""
+    run_facts: ClassVar[tuple[str, ...]] = ()
+    """Constructor arguments that are facts about the training run rather than choices (BHyT's
+    ``seq_len``, the ``T`` of its constant ``c``). Each one is ``None`` until bound; every entry point
+    (CLI, ``LlamaLM``, study, bench, scripts, fine-tuning) supplies them through ``bind`` and never
+    inspects constructor signatures (docs/method.md, section 9)."""
 
     def block_norms(self, dim: int, layer_idx: int, n_layers: int) -> BlockNorms:
         """Build the norms of block ``layer_idx`` (0-based) of ``n_layers``, width ``dim``."""
@@ -221,6 +241,29 @@ class NormScheme:
     def embedding_norm(self, dim: int) -> nn.Module:
         """Applied to the token embeddings before the first block (identity by default)."""
         return nn.Identity()
+
+    def bind(self, **facts: Any) -> NormScheme:
+        """This scheme with its declared ``run_facts`` set from ``facts``: a new scheme when any value
+        changes, else ``self``. Facts the scheme does not declare, and ``None`` values, are ignored, so an
+        entry point passes everything it knows about its run (``scheme.bind(seq_len=T)``) whatever the scheme.
+
+        Example:
+            >>> build_norm_scheme("bhyt").bind(seq_len=256).seq_len
+            256
+            >>> build_norm_scheme("rmsnorm").bind(seq_len=256)
+            RMSNormScheme(eps=1e-05)
+        """
+        unknown = sorted(set(facts) - set(RUN_FACTS))
+        if unknown:
+            raise TypeError(f"unknown run fact(s) {unknown}; run facts: {', '.join(RUN_FACTS)}")
+        values = {k: facts[k] for k in self.run_facts if facts.get(k) is not None}
+        if all(getattr(self, k) == v for k, v in values.items()):
+            return self
+        return type(self)(**{**self.hparams(), **values})
+
+    def unbound_run_facts(self) -> list[str]:
+        """The declared run facts still ``None`` (the scheme then uses its documented fallback)."""
+        return [k for k in self.run_facts if getattr(self, k) is None]
 
     def hparams(self) -> dict[str, Any]:
         """Constructor arguments that rebuild this scheme: ``type(s)(**s.hparams())``."""
@@ -239,5 +282,4 @@ class NormScheme:
 
     def _raise_if(self, problems: list[str]) -> None:
         """Raise one ValueError listing every invalid field (collect, then raise once)."""
-        if problems:
-            raise ValueError(f"invalid {self.name!r} norm configuration:\n  - " + "\n  - ".join(problems))
+        raise_if_problems(f"{self.name!r} norm configuration", problems)

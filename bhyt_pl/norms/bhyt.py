@@ -30,6 +30,7 @@ from torch import nn
 
 from bhyt_pl.norms.base import BlockNorms, NormScheme, register_norm
 from bhyt_pl.norms.rmsnorm import RMSNorm
+from bhyt_pl.parallelize import full_tensor
 
 __all__ = [
     "IMPLS",
@@ -37,6 +38,7 @@ __all__ = [
     "BHyTBlockNorms",
     "BHyTExactScheme",
     "BHyTScheme",
+    "UNBOUND_SEQ_LEN",
     "SiteStats",
     "rational_tanh",
     "satisfies_variance_bound",
@@ -60,6 +62,9 @@ _TANH_P = (
 _TANH_Q = (4.89352518554385e-03, 2.26843463243900e-03, 1.18534705686654e-04, 1.19825839466702e-06)
 TANH_CLAMP = 7.90531110763549805
 
+UNBOUND_SEQ_LEN = 1024
+"""``T`` of a ``bhyt`` scheme whose ``seq_len`` no run has bound: the paper's pretraining length."""
+
 
 class SiteStats(NamedTuple):
     """Per-token statistics of a site input, float32, shape [..., 1].
@@ -79,7 +84,7 @@ def satisfies_variance_bound(lam: float, kappa: float, n_layers: int) -> bool:
 
 
 def vo_constant(w_v: torch.Tensor, w_o: torch.Tensor, n_head: int, n_kv_head: int, seq_len: int) -> torch.Tensor:
-    """``c = ||W_V W_O||_F^2 / (T d)`` with the GQA expansion (spec section 3).
+    """``c = ||W_V W_O||_F^2 / (T d)`` with the GQA expansion (docs/method.md, section 3).
 
     Args:
         w_v: value projection weight, ``nn.Linear`` layout [n_kv_head * head_dim, d].
@@ -278,24 +283,18 @@ class BHyTBlockNorms(BlockNorms):
     def pre_mlp(self, h: torch.Tensor, ctx: SiteStats) -> torch.Tensor:
         if not self.approximate:  # BHyT*: a second, exact reduction over h
             return self.mlp_in(h)
-        return self.mlp_in(h, self.approximate_stats(ctx))  # site B: no reduction over h (spec section 3)
+        return self.mlp_in(h, self.approximate_stats(ctx))  # site B: no reduction over h (docs/method.md, section 3)
 
     @torch.no_grad()
     def refresh_constants(self, attn: nn.Module) -> None:
         if not self.approximate:
             return
-        w_v, w_o = _full(attn.v_proj.weight), _full(attn.o_proj.weight)
+        w_v, w_o = full_tensor(attn.v_proj.weight), full_tensor(attn.o_proj.weight)
         if w_v.shape != (attn.n_kv_head * attn.head_dim, w_o.shape[0]) or w_o.ndim != 2:
             # FSDP1 outside ``summon_full_params``: the weights are flat views of a local shard, from
             # which c cannot be computed; NormConstantRefresh recomputes it inside summon_full_params
             return
         self.c.copy_(vo_constant(w_v, w_o, attn.n_head, attn.n_kv_head, self.seq_len))
-
-
-def _full(w: torch.Tensor) -> torch.Tensor:
-    """The whole tensor of a possibly sharded (FSDP2 DTensor) parameter; every rank gets the same."""
-    full_tensor = getattr(w, "full_tensor", None)
-    return full_tensor() if callable(full_tensor) else w
 
 
 class _BHyTSchemeBase(NormScheme):
@@ -370,7 +369,7 @@ class _BHyTSchemeBase(NormScheme):
 
 @register_norm("bhyt")
 class BHyTScheme(_BHyTSchemeBase):
-    """BHyT with one reduction per block (spec section 3).
+    """BHyT with one reduction per block (docs/method.md, section 3).
 
     Args:
         lambda_attn: initial lambda of site A (before attention). Released default 2; the paper's text uses 1.
@@ -383,12 +382,15 @@ class BHyTScheme(_BHyTSchemeBase):
         stat: ``rms`` (released code) or ``meanstd`` (paper: ``kappa*s + |mu|``).
         eps: epsilon inside the square root of the statistic.
         final_eps: epsilon of the RMSNorm final norm when ``lambda_final = 0``.
-        seq_len: ``T`` in ``c = ||W_V W_O||_F^2 / (T d)``: the training sequence length.
+        seq_len: ``T`` in ``c = ||W_V W_O||_F^2 / (T d)``: the training sequence length, a run fact
+            (``run_facts``) that every entry point binds with ``bind(seq_len=...)``; unbound (None), the
+            model uses ``UNBOUND_SEQ_LEN`` = 1024, the paper's pretraining length.
         impl: ``auto`` (fused path while compiling), ``reference`` or ``fused``; same function either way.
     """
 
     approximate = True
     needs_constant_refresh = True
+    run_facts = ("seq_len",)
 
     def __init__(
         self,
@@ -401,16 +403,16 @@ class BHyTScheme(_BHyTSchemeBase):
         stat: str = "rms",
         eps: float = 1e-6,
         final_eps: float = 1e-5,
-        seq_len: int = 1024,
+        seq_len: int | None = None,
         impl: str = "auto",
     ) -> None:
         self.seq_len = seq_len
-        if not (isinstance(seq_len, int) and seq_len > 0):
-            raise ValueError(f"invalid 'bhyt' norm configuration: seq_len must be a positive int, got {seq_len!r}")
+        if not (seq_len is None or (isinstance(seq_len, int) and not isinstance(seq_len, bool) and seq_len > 0)):
+            self._raise_if([f"seq_len must be a positive int (or None until the run binds it), got {seq_len!r}"])
         super().__init__(lambda_attn, lambda_mlp, lambda_final, learnable_lambda, p, kappa, stat, eps, final_eps, impl)
 
     def _seq_len(self) -> int:
-        return self.seq_len
+        return self.seq_len if self.seq_len is not None else UNBOUND_SEQ_LEN
 
 
 @register_norm("bhyt_exact")

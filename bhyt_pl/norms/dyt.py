@@ -1,4 +1,4 @@
-"""Dynamic Tanh (DyT, arXiv 2503.10622): ``gamma * tanh(alpha * x) (+ beta)`` (spec section 4)."""
+"""Dynamic Tanh (DyT, arXiv 2503.10622): ``gamma * tanh(alpha * x) (+ beta)`` (docs/method.md, section 4)."""
 
 from __future__ import annotations
 

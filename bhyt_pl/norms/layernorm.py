@@ -1,4 +1,4 @@
-"""LayerNorm (mean and variance) at both sites and after the last block (spec section 4)."""
+"""LayerNorm (mean and variance) at both sites and after the last block (docs/method.md, section 4)."""
 
 from __future__ import annotations
 

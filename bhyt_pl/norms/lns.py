@@ -1,7 +1,7 @@
 """LayerNorm Scaling ("The Curse of Depth", arXiv 2502.05795).
 
 Each pre-norm output of layer ``l`` (1-based), gain included, is multiplied by ``1/sqrt(l)`` at both
-sites; the final norm is not scaled; no new parameters (spec section 4).
+sites; the final norm is not scaled; no new parameters (docs/method.md, section 4).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Peri-LN (arXiv 2502.02732): ``x + Norm_out(Module(Norm_in(x)))`` for both sublayers (spec section 4)."""
+"""Peri-LN (arXiv 2502.02732): ``x + Norm_out(Module(Norm_in(x)))`` for both sublayers (docs/method.md, section 4)."""
 
 from __future__ import annotations
 

@@ -42,7 +42,7 @@ class RMSNorm(nn.Module):
 
 @register_norm("rmsnorm")
 class RMSNormScheme(NormScheme):
-    """Pre-LN with RMSNorm at both sites of every block and after the last block (spec section 4).
+    """Pre-LN with RMSNorm at both sites of every block and after the last block (docs/method.md, section 4).
 
     Args:
         eps: RMSNorm epsilon (Llama-3.2 uses 1e-5).

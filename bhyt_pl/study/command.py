@@ -41,6 +41,7 @@ from bhyt_pl.config import PRESETS, LlamaConfig
 from bhyt_pl.study import report
 from bhyt_pl.study.runner import RunResult, RunSpec, TrainerSettings, run_one
 from bhyt_pl.study.sweep import depth_study_specs, sweep_specs
+from bhyt_pl.validation import raise_if_problems
 
 __all__ = ["DEFAULT_SCHEMES", "FULL", "QUICK", "SWEEP", "SWEEP_QUICK", "Budget", "main", "parser"]
 
@@ -185,8 +186,7 @@ def resolve(args: argparse.Namespace) -> tuple[Budget, dict[str, Any]]:
         problems.append(str(exc))
     if budget.layers is not None and not args.sweep:
         overrides["n_layers"] = budget.layers
-    if problems:
-        raise ValueError("invalid study arguments:\n  - " + "\n  - ".join(problems))
+    raise_if_problems("study arguments", problems)
     config = LlamaConfig.from_name(budget.preset, **overrides)  # unknown fields and bad values fail here
     if budget.seq_len > config.max_seq_len:
         raise ValueError(

@@ -9,7 +9,7 @@ runs follow one another in one process. What a run measures:
   for every run (token-weighted mean, ``LlamaLM.validation_step``);
 - ``tokens_per_sec``: training tokens / wall time of the training loop (model build, depth statistics
   and validation excluded; the first step, with its allocator warm-up, included);
-- depth statistics (spec section 6, paper Figure 3): ``DepthStatsCollector`` on one fixed batch, in
+- depth statistics (docs/method.md, section 6, paper Figure 3): ``DepthStatsCollector`` on one fixed batch, in
   eval mode, before the first step and after the last (magnitude = mean over tokens of ``||y_t||_2``,
   variance = mean over tokens of ``Var_d(y_t)``, ``y`` a block output);
 - divergence: ``DivergenceMonitor`` stops the fit at the first optimizer step whose loss is NaN/inf or

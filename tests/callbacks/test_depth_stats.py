@@ -58,7 +58,7 @@ def first_batch(data: TokenDataModule) -> torch.Tensor:
 
 @torch.no_grad()
 def reference_stats(lm: LlamaLM, ids: torch.Tensor) -> dict[str, list[float]]:
-    """The spec section 6 statistics per block, float64, from blocks run one by one."""
+    """The statistics of docs/method.md, section 6 per block, float64, from blocks run one by one."""
     model = lm.model
     x = model.emb_norm(model.embed(ids))  # [B, T, d]
     cos, sin = model.rope(0, ids.shape[1], ids.device, x.dtype)

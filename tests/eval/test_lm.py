@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from lm_eval.api.instance import Instance
 from lm_eval.api.registry import get_model
 
-from bhyt_pl.data.lima import ChatTemplate, encode_conversation
+from bhyt_pl.data.chat import ChatTemplate
+from bhyt_pl.data.lima import encode_conversation
 from bhyt_pl.data.tokenizer import load_tokenizer
 from bhyt_pl.eval import BHyTLM, render_chat
 from bhyt_pl.norms import registered_norms

@@ -1,4 +1,4 @@
-"""BHyT specifics: gradients (spec section 3), the cached constant c, fixed lambdas, the theorem helper."""
+"""BHyT specifics: gradients (docs/method.md, section 3), the cached constant c, fixed lambdas, the theorem helper."""
 
 from __future__ import annotations
 

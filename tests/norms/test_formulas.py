@@ -1,4 +1,4 @@
-"""Every scheme's model output equals a float64 re-computation from the spec's formulas."""
+"""Every scheme's model output equals a float64 re-computation from the formulas of docs/method.md."""
 
 from __future__ import annotations
 

@@ -1,0 +1,44 @@
+"""The repository stands alone: no file points outside it, and every pointer into docs/method.md names a
+section that exists."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SKIP_DIRS = {".git", ".venv", ".cache", ".ruff_cache", ".pytest_cache", "__pycache__", "runs", "build"}
+TEXT_SUFFIXES = {".py", ".md", ".yaml", ".yml", ".toml", ".sh", ".txt", ".cfg", ".ini", ""}
+OUTSIDE = re.compile(r"\.\./shared|shared/spec|spec sections? \d")
+POINTER = re.compile(r"docs/method\.md,? sections? (\d+)(?:\s*(?:-|and)\s*(\d+))?")
+THIS_FILE = Path(__file__).resolve()
+
+
+def _text_files() -> list[Path]:
+    files = []
+    for path in ROOT.rglob("*"):
+        rel = path.relative_to(ROOT)
+        if path.is_file() and not SKIP_DIRS.intersection(rel.parts) and path.suffix in TEXT_SUFFIXES:
+            if path.resolve() != THIS_FILE and not rel.parts[0].startswith(".egg") and "egg-info" not in str(rel):
+                files.append(path)
+    return files
+
+
+def test_no_file_refers_outside_the_repository() -> None:
+    offenders = []
+    for path in _text_files():
+        text = path.read_text(errors="ignore")
+        offenders += [f"{path.relative_to(ROOT)}: {m.group(0)!r}" for m in OUTSIDE.finditer(text)]
+    assert not offenders, offenders
+
+
+def test_pointers_into_docs_method_name_existing_sections() -> None:
+    sections = {int(n) for n in re.findall(r"^## (\d+)\. ", (ROOT / "docs/method.md").read_text(), flags=re.M)}
+    assert sections == set(range(1, max(sections) + 1)) and len(sections) >= 9
+    pointers = 0
+    for path in _text_files():
+        for match in POINTER.finditer(path.read_text(errors="ignore")):
+            pointers += 1
+            for number in filter(None, match.groups()):
+                assert int(number) in sections, f"{path.relative_to(ROOT)}: {match.group(0)!r}"
+    assert pointers > 20

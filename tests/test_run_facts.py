@@ -1,0 +1,234 @@
+"""Run facts (BHyT's T) are declared by the scheme and bound by every entry point; fine-tuning binds the
+fine-tuning run's T and may turn the final norm into a BHyT site; checkpoints carry a schema version."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from lm_fixtures import TINY_OVERRIDES
+from reference_model import vo_constant_ref
+
+from bhyt_pl import Llama, LlamaConfig, LlamaLM, load_model
+from bhyt_pl.checkpoint import SCHEMA_VERSION, checkpoint_entry
+from bhyt_pl.norms import BHyT, BHyTScheme, NormScheme, RMSNorm, build_norm_scheme, register_norm
+from bhyt_pl.norms.bhyt import UNBOUND_SEQ_LEN
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def assert_model_uses_T(model: Llama, T: int) -> None:
+    """Every block's cached c is ||W_V W_O||_F^2 / (T d), recomputed independently in float64."""
+    for layer in model.layers:
+        assert layer.norms.seq_len == T
+        assert float(layer.norms.c) == pytest.approx(vo_constant_ref(layer.attn, T), rel=1e-5)
+
+
+def write_checkpoint(model: Llama, path: Path, schema_version: int | None = SCHEMA_VERSION) -> Path:
+    """A single-file checkpoint in LlamaLM's layout; ``schema_version=None`` writes the format from before
+    checkpoints were versioned (no ``schema_version`` key)."""
+    entry = checkpoint_entry(model.config, "embedded")
+    if schema_version is None:
+        del entry["schema_version"]
+    else:
+        entry["schema_version"] = schema_version
+    torch.save({"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()}, "bhyt_pl": entry}, path)
+    return path
+
+
+@pytest.fixture
+def pretrained(tmp_path: Path) -> Path:
+    """A 'pretrained' bhyt checkpoint at T = 32 with non-trivial final-norm gains."""
+    torch.manual_seed(0)
+    model = Llama(LlamaConfig.from_name("tiny", **TINY_OVERRIDES, norm="bhyt").bind(seq_len=32))
+    with torch.no_grad():
+        model.final_norm.weight.uniform_(0.5, 1.5)
+    return write_checkpoint(model, tmp_path / "pretrained.ckpt")
+
+
+# ----------------------------------------------------------------------------- the contract itself
+def test_bind_sets_declared_facts_and_ignores_the_rest() -> None:
+    bhyt = build_norm_scheme("bhyt", lambda_attn=1.5)
+    assert bhyt.run_facts == ("seq_len",) and bhyt.unbound_run_facts() == ["seq_len"]
+    bound = bhyt.bind(seq_len=256)
+    assert bound.seq_len == 256 and bound.lambda_attn == 1.5 and bound.unbound_run_facts() == []
+    assert bhyt.seq_len is None  # a copy: the unbound scheme is unchanged
+    assert bound.bind(seq_len=256) is bound and bhyt.bind(seq_len=None) is bhyt
+    rms = build_norm_scheme("rmsnorm")
+    assert rms.run_facts == () and rms.bind(seq_len=256) is rms
+    with pytest.raises(TypeError, match=r"unknown run fact\(s\) \['seq_lenn'\]; run facts: seq_len"):
+        bhyt.bind(seq_lenn=256)
+
+
+def test_a_scheme_declares_only_constructor_arguments_as_run_facts() -> None:
+    with pytest.raises(TypeError, match=r"run_facts \['seq_len'\] must be constructor arguments"):
+
+        @register_norm("no_seq_len_argument")
+        class Broken(NormScheme):
+            run_facts = ("seq_len",)
+
+            def __init__(self, eps: float = 1e-5) -> None:
+                self.eps = eps
+
+
+def test_unbound_bhyt_uses_the_documented_default_T() -> None:
+    torch.manual_seed(0)
+    model = Llama(LlamaConfig.from_name("tiny", **TINY_OVERRIDES, norm="bhyt"))
+    assert_model_uses_T(model, UNBOUND_SEQ_LEN)
+    config = LlamaConfig.from_name("tiny", **TINY_OVERRIDES, norm="bhyt").bind(seq_len=48)
+    assert config.norm_args == {"seq_len": 48}
+    assert_model_uses_T(Llama(config), 48)
+
+
+# ----------------------------------------------------------------------------- entry points
+def test_python_api_binds_T_and_warns_without_it() -> None:
+    lm = LlamaLM(overrides=TINY_OVERRIDES, norm="bhyt", seq_len=48)
+    lm.configure_model()
+    assert lm.config.norm_args["seq_len"] == 48 and lm.hparams["norm_args"]["seq_len"] == 48
+    assert_model_uses_T(lm.model, 48)
+    # a scheme instance (class_path/init_args) is bound too, not left at a default
+    lm = LlamaLM(overrides=TINY_OVERRIDES, norm=BHyTScheme(lambda_attn=1.0), seq_len=40)
+    assert lm.config.norm_args["seq_len"] == 40 and lm.config.norm_args["lambda_attn"] == 1.0
+    with pytest.warns(UserWarning, match=r"needs the run fact\(s\) \['seq_len'\].*LlamaLM\(seq_len=\.\.\.\)"):
+        LlamaLM(overrides=TINY_OVERRIDES, norm="bhyt")
+    with pytest.warns(UserWarning, match=r"seq_len=16 is set in the norm arguments and kept; this run's seq_len is 48"):
+        lm = LlamaLM(overrides=TINY_OVERRIDES, norm="bhyt", norm_args={"seq_len": 16}, seq_len=48)
+    assert lm.config.norm_args["seq_len"] == 16
+
+
+def test_cli_binds_the_data_modules_length_into_a_scheme_instance() -> None:
+    from bhyt_pl.cli import main
+
+    args = [
+        "--config", str(ROOT / "recipes/tiny.yaml"), "--data.init_args.seq_len", "96",
+        "--model.norm", "{class_path: bhyt_pl.norms.BHyTScheme, init_args: {lambda_attn: 1.0}}",
+    ]  # fmt: skip
+    cli = main(args, run=False)
+    cli.model.configure_model()
+    assert cli.model.config.norm_args["lambda_attn"] == 1.0
+    assert_model_uses_T(cli.model.model, 96)
+
+
+def test_init_checkpoint_binds_the_fine_tuning_runs_T(pretrained: Path) -> None:
+    sft = LlamaLM(init_checkpoint=str(pretrained), seq_len=48)
+    sft.configure_model()
+    assert sft.config.norm_args["seq_len"] == 48
+    assert_model_uses_T(sft.model, 48)
+    kept = LlamaLM(init_checkpoint=str(pretrained))  # no length given: the checkpoint's T stays
+    assert kept.config.norm_args["seq_len"] == 32
+
+
+def test_sft_final_norm_becomes_bhyt_with_the_pretrained_gain(pretrained: Path) -> None:
+    source = load_model(pretrained).model
+    assert isinstance(source.final_norm, RMSNorm)
+    sft = LlamaLM(init_checkpoint=str(pretrained), norm_args={"lambda_final": 3.0}, seq_len=48)
+    sft.configure_model()
+    final = sft.model.final_norm
+    assert isinstance(final, BHyT) and final.stat == "rms"
+    torch.testing.assert_close(final.weight, source.final_norm.weight)  # the gain carries over
+    assert float(final.lambda_.detach()) == 3.0 and final.lambda_.requires_grad  # lambda starts at lambda_final
+    for key, value in source.state_dict().items():
+        torch.testing.assert_close(sft.model.state_dict()[key], value)
+    x = torch.randn(2, 5, TINY_OVERRIDES["dim"])
+    kappa, eps = build_norm_scheme("bhyt").kappa_value, 1e-6
+    expected = source.final_norm.weight * torch.tanh(3.0 * x / (kappa * torch.sqrt(x.pow(2).mean(-1, True) + eps)))
+    torch.testing.assert_close(final(x), expected)
+
+
+def test_init_checkpoint_stays_strict_about_every_other_key(pretrained: Path, tmp_path: Path) -> None:
+    checkpoint = torch.load(pretrained, weights_only=False)
+    del checkpoint["state_dict"]["model.layers.0.attn.q_proj.weight"]
+    checkpoint["state_dict"]["model.layers.0.extra"] = torch.zeros(1)
+    torch.save(checkpoint, tmp_path / "broken.ckpt")
+    sft = LlamaLM(init_checkpoint=str(tmp_path / "broken.ckpt"), norm_args={"lambda_final": 3.0})
+    with pytest.raises(RuntimeError, match=r"missing keys \['layers.0.attn.q_proj.weight'\], unexpected keys "):
+        sft.configure_model()
+    rms = write_checkpoint(Llama(LlamaConfig.from_name("tiny", **TINY_OVERRIDES)), tmp_path / "rms.ckpt")
+    with pytest.raises(ValueError, match=r"norm_args \['lambda_final'\] are not arguments of the checkpoint's norm"):
+        LlamaLM(init_checkpoint=str(rms), norm_args={"lambda_final": 3.0})
+
+
+def test_sft_recipe_with_the_bhyt_overlay(pretrained: Path) -> None:
+    from bhyt_pl.cli import main
+
+    args = [
+        "--config", str(ROOT / "recipes/sft/lima-1b.yaml"), "--config", str(ROOT / "recipes/sft/norms/bhyt.yaml"),
+        "--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.strategy", "auto",
+        "--trainer.precision", "32-true", "--model.init_checkpoint", str(pretrained),
+        "--data.init_args.data_files", str(ROOT / "tests/data/fixtures/lima_tiny.jsonl"),
+        "--data.init_args.tokenizer", "embedded", "--data.init_args.max_seq_len", "56",
+    ]  # fmt: skip
+    cli = main(args, run=False)
+    cli.model.configure_model()
+    assert cli.model.config.norm_args["lambda_final"] == 3.0
+    assert float(cli.model.model.final_norm.lambda_.detach()) == 3.0
+    assert_model_uses_T(cli.model.model, 56)  # LIMA's max_seq_len, not the pretraining 32
+
+
+def test_study_binds_its_sequence_length(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from bhyt_pl.study import main, runner
+
+    built: list[LlamaLM] = []
+
+    def recording(*args, **kwargs):
+        built.append(runner_cls(*args, **kwargs))
+        return built[-1]
+
+    runner_cls = runner.LlamaLM
+    monkeypatch.setattr(runner, "LlamaLM", recording)
+    tiny = ["--quick", "--layers", "2", "--steps", "1", "--seq-len", "24", "--batch-size", "2", "--val-batches", "1"]
+    assert main([*tiny, "--shuffle-buffer", "4", "--schemes", "bhyt", "--out", str(tmp_path / "study")]) == 0
+    (lm,) = built
+    assert lm.config.norm_args["seq_len"] == 24
+    assert_model_uses_T(lm.model, 24)
+
+
+def test_bench_binds_its_sequence_length() -> None:
+    from bhyt_pl.bench.models import build_model
+    from bhyt_pl.bench.sites import block_norms
+    from bhyt_pl.bench.variants import parse_variant
+
+    variant = parse_variant("bhyt:lambda_attn=1.0")
+    model = build_model("tiny", variant, {"n_layers": 2}, torch.device("cpu"), torch.float32, seq_len=40)
+    assert model.config.norm_args["seq_len"] == 40
+    assert_model_uses_T(model, 40)
+    assert block_norms(variant, 64, 4, torch.device("cpu"), torch.float32, seq_len=40).seq_len == 40
+
+
+def test_gpu_distributed_check_binds_its_sequence_length() -> None:
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts/gpu_distributed_check.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    config = script.model_config(SimpleNamespace(preset="tiny", seq_len=80), "bhyt")
+    assert config.norm_args == {"seq_len": 80}
+    assert script.model_config(SimpleNamespace(preset="tiny", seq_len=80), "rmsnorm").norm_args == {}
+
+
+# ----------------------------------------------------------------------------- checkpoint schema
+def test_checkpoints_carry_a_schema_version_and_older_ones_still_load(pretrained: Path, tmp_path: Path) -> None:
+    lm = LlamaLM(overrides=TINY_OVERRIDES, norm="bhyt", seq_len=32, tokenizer="embedded")
+    saved: dict = {}
+    lm.on_save_checkpoint(saved)
+    assert saved["bhyt_pl"]["schema_version"] == SCHEMA_VERSION == 2
+    assert saved["bhyt_pl"]["model_config"]["norm_args"] == {"seq_len": 32}
+
+    # the format written before this version: no schema_version key, T in norm_args
+    source = load_model(pretrained)
+    old = write_checkpoint(source.model, tmp_path / "old.ckpt", schema_version=None)
+    assert "schema_version" not in torch.load(old, weights_only=False)["bhyt_pl"]
+    loaded = load_model(old)
+    assert loaded.config == source.config and loaded.tokenizer == "embedded"
+    assert_model_uses_T(loaded.model, 32)
+    idx = torch.randint(0, TINY_OVERRIDES["vocab_size"], (1, 12))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.model(idx), source.model(idx))
+    sft = LlamaLM(init_checkpoint=str(old), norm_args={"lambda_final": 3.0}, seq_len=48)
+    sft.configure_model()
+    assert_model_uses_T(sft.model, 48)
+
+    future = write_checkpoint(source.model, tmp_path / "future.ckpt", schema_version=SCHEMA_VERSION + 1)
+    with pytest.raises(ValueError, match=rf"schema_version {SCHEMA_VERSION + 1}; this bhyt_pl reads versions 1 to"):
+        load_model(future)
