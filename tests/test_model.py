@@ -7,7 +7,7 @@ import torch
 
 from bhyt_pl import Llama, LlamaConfig
 from bhyt_pl.model import Block, rope_cos_sin
-from bhyt_pl.norms import registered_norms
+from bhyt_pl.norms import build_norm_scheme, registered_norms
 
 SCHEMES = registered_norms()  # every built-in scheme (collected before any test registers its own)
 
@@ -193,6 +193,8 @@ def test_post_and_mix_ln_placement() -> None:
     assert kinds == [True, True] + [False] * 6
     assert all(isinstance(layer.norms.attn_res, torch.nn.Identity) for layer in mix.layers[2:])
     assert not isinstance(mix.final_norm, torch.nn.Identity)
+    counts = [build_norm_scheme("mix_ln", alpha=a).post_ln_layers(n) for a, n in [(0.25, 3), (0.25, 16), (0.29, 100)]]
+    assert counts == [0, 4, 29]  # 0.29 * 100 is 28.999999999999996 in floats
     with torch.no_grad():  # a Post-LN block's output is the RMSNorm of the residual stream: unit RMS per token
         y = post.layers[0](torch.randn(1, 5, 32) * 3, *rope_cos_sin(torch.arange(5), 8, 500000.0))
     torch.testing.assert_close(y.pow(2).mean(-1), torch.ones(1, 5), atol=1e-4, rtol=1e-4)

@@ -37,7 +37,7 @@ class MixLNScheme(NormScheme):
 
     def post_ln_layers(self, n_layers: int) -> int:
         """How many layers, from the bottom, use Post-LN: ``floor(alpha * L)``."""
-        return math.floor(self.alpha * n_layers)
+        return math.floor(self.alpha * n_layers + 1e-9)  # 1e-9: 0.29 * 100 is 28.999999999999996 in floats
 
     def block_norms(self, dim: int, layer_idx: int, n_layers: int) -> BlockNorms:
         if layer_idx < self.post_ln_layers(n_layers):
