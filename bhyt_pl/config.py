@@ -50,6 +50,11 @@ class LlamaConfig:
     """Share the embedding matrix with the output projection."""
     init_std: float = 0.02
     """Standard deviation of the N(0, std) init of every linear and embedding weight."""
+    qk_norm: bool = False
+    """RMSNorm over the head dimension of queries and keys before RoPE (OLMo-2, Qwen3, Gemma 3), with
+    gains ``attn.q_norm.weight`` and ``attn.k_norm.weight``; combines with every norm scheme."""
+    qk_norm_eps: float = 1e-6
+    """Epsilon of the QK-norm RMSNorms (OLMo-2's and Qwen3's 1e-6)."""
 
     # --- normalization ---
     norm: str = "rmsnorm"
@@ -73,6 +78,10 @@ class LlamaConfig:
             problems.append(f"rope_theta must be > 0, got {self.rope_theta}")
         if not self.init_std > 0:
             problems.append(f"init_std must be > 0, got {self.init_std}")
+        if not isinstance(self.qk_norm, bool):
+            problems.append(f"qk_norm must be true or false, got {self.qk_norm!r}")
+        if not self.qk_norm_eps > 0:
+            problems.append(f"qk_norm_eps must be > 0, got {self.qk_norm_eps}")
         if not isinstance(self.norm_args, dict):
             problems.append(
                 f"norm_args must be a mapping of constructor arguments, got {type(self.norm_args).__name__}"

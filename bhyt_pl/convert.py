@@ -20,6 +20,9 @@ __all__ = ["from_hf_llama", "hf_config", "hf_key_map", "to_hf_llama"]
 def _require_rmsnorm(config: LlamaConfig) -> None:
     if config.norm != "rmsnorm":
         raise ValueError(f"only norm='rmsnorm' maps onto Hugging Face Llama; this model uses norm={config.norm!r}")
+    if config.qk_norm:
+        # LlamaForCausalLM has no query/key norms: a copy without them would compute something else
+        raise ValueError("qk_norm=True does not map onto Hugging Face Llama (it has no q/k norms); use qk_norm=False")
 
 
 def hf_key_map(config: LlamaConfig) -> dict[str, str]:
@@ -98,9 +101,12 @@ def from_hf_llama(hf_model: Any) -> Llama:
         norm="rmsnorm",
         norm_args={"eps": float(c.rms_norm_eps)},
     )
+    hf_sd = hf_model.state_dict()
+    qk_keys = [k for k in hf_sd if k.endswith(("self_attn.q_norm.weight", "self_attn.k_norm.weight"))]
+    if qk_keys:  # e.g. a Qwen3/OLMo-2-style model: dropping its q/k norms would silently change it
+        raise ValueError(f"the Hugging Face model has query/key norms ({qk_keys[0]}, ...), which Llama does not map")
     with torch.device("meta"):
         model = Llama(config)
     model.to_empty(device="cpu")
-    hf_sd = hf_model.state_dict()
     model.load_state_dict({key: hf_sd[hf_key].float() for key, hf_key in hf_key_map(config).items()})
     return model.to(next(hf_model.parameters()).dtype)

@@ -17,7 +17,7 @@ from torch.utils.checkpoint import checkpoint
 
 from bhyt_pl.config import LlamaConfig
 from bhyt_pl.init import init_weights
-from bhyt_pl.norms import BlockNorms, NormScheme
+from bhyt_pl.norms import BlockNorms, NormScheme, RMSNorm
 
 __all__ = ["Attention", "Block", "KVCache", "Llama", "MLP", "apply_rope", "rope_cos_sin"]
 
@@ -67,7 +67,12 @@ class KVCache:
 
 # ----------------------------------------------------------------------------- attention and MLP
 class Attention(nn.Module):
-    """Causal grouped-query self-attention through ``scaled_dot_product_attention``."""
+    """Causal grouped-query self-attention through ``scaled_dot_product_attention``.
+
+    With ``config.qk_norm`` the queries and keys pass an RMSNorm over the head dimension (one gain
+    vector of width hd each, shared by the heads) before RoPE, as in OLMo-2, Qwen3 and Gemma 3;
+    otherwise ``q_norm``/``k_norm`` are identities without parameters.
+    """
 
     def __init__(self, config: LlamaConfig, layer_idx: int) -> None:
         super().__init__()
@@ -77,6 +82,9 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(config.dim, self.n_kv_head * self.head_dim, bias=False)
         self.v_proj = nn.Linear(config.dim, self.n_kv_head * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.n_head * self.head_dim, config.dim, bias=False)
+        qk = config.qk_norm
+        self.q_norm = RMSNorm(self.head_dim, config.qk_norm_eps) if qk else nn.Identity()
+        self.k_norm = RMSNorm(self.head_dim, config.qk_norm_eps) if qk else nn.Identity()
 
     def forward(
         self,
@@ -90,6 +98,7 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # [B, H, T, hd]
         k = self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # [B, K, T, hd]
         v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # [B, K, T, hd]
+        q, k = self.q_norm(q), self.k_norm(k)  # QK-norm over hd, before RoPE (identities when off)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         mask, causal = None, True
         if cache is not None:
@@ -140,9 +149,9 @@ class Block(nn.Module):
     ) -> torch.Tensor:
         # x: [B, T, d]; residual adds are out of place (FSDP2 and autograd friendly)
         u, ctx = self.norms.pre_attn(x)  # site A
-        h = x + self.norms.post_attn(self.attn(u, cos, sin, cache, start_pos))
+        h = self.norms.attn_residual(x + self.norms.post_attn(self.attn(u, cos, sin, cache, start_pos)))
         v = self.norms.pre_mlp(h, ctx)  # site B, may reuse site A's statistic
-        return h + self.norms.post_mlp(self.mlp(v))
+        return self.norms.mlp_residual(h + self.norms.post_mlp(self.mlp(v)))
 
     def refresh_norm_constants(self) -> None:
         self.norms.refresh_constants(self.attn)

@@ -26,13 +26,17 @@ def rope_ref(x: torch.Tensor, theta: float) -> torch.Tensor:
     return out
 
 
-def attention_ref(u: torch.Tensor, attn, theta: float) -> torch.Tensor:
+def attention_ref(u: torch.Tensor, attn, theta: float, qk_norm_eps: float | None = None) -> torch.Tensor:
+    """Causal GQA attention; with ``qk_norm_eps`` each query and key head vector is RMS-normalised
+    over hd (gains ``attn.q_norm.weight``/``attn.k_norm.weight``) before RoPE."""
     W = lambda lin: lin.weight.detach().double()  # noqa: E731
     B, T, d = u.shape
     H, K, hd = attn.n_head, attn.n_kv_head, attn.head_dim
     q = (u @ W(attn.q_proj).T).view(B, T, H, hd).transpose(1, 2)
     k = (u @ W(attn.k_proj).T).view(B, T, K, hd).transpose(1, 2)
     v = (u @ W(attn.v_proj).T).view(B, T, K, hd).transpose(1, 2)
+    if qk_norm_eps is not None:
+        q, k = rms(q, attn.q_norm.weight, qk_norm_eps), rms(k, attn.k_norm.weight, qk_norm_eps)
     q, k = rope_ref(q, theta), rope_ref(k, theta)
     group = H // K
     k = torch.stack([k[:, h // group] for h in range(H)], dim=1)
@@ -88,12 +92,32 @@ def bhyt_site(x, site, kappa, eps, stat, spread=None, mean=None):
     return _p(site.weight) * torch.tanh(_p(site.lambda_) * x / denom)
 
 
+def derf_site(x, site):
+    """Derf (arXiv 2512.10938): gamma * erf(alpha * x + s) + beta."""
+    y = _p(site.weight) * torch.erf(_p(site.alpha) * x + _p(site.shift))
+    return y + _p(site.bias) if site.bias is not None else y
+
+
+def dyisru_site(x, site):
+    """DyISRU: RMSNorm's coordinate x_i / sqrt((x_i^2 + C_i)/d) with C_i replaced by the scalar beta."""
+    d = x.shape[-1]
+    return _p(site.weight) * x / torch.sqrt((x.pow(2) + _p(site.beta)) / d)
+
+
+def seednorm_site(x, site, eps):
+    """SeeDNorm: [tanh(x . beta) * alpha + gamma] * x / sqrt(mean(x^2) + eps), x . beta one scalar per token."""
+    s = torch.tanh((x * _p(site.beta)).sum(-1, keepdim=True))
+    return (s * _p(site.alpha) + _p(site.weight)) * x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
 def model_ref(model, idx: torch.Tensor, norm: str, args: dict) -> torch.Tensor:
     """Logits of ``model`` for ``idx`` in float64, every norm from the formulas of docs/method.md."""
     cfg = model.config
     theta = cfg.rope_theta
+    qk_eps = cfg.qk_norm_eps if cfg.qk_norm else None
+    attend = lambda u, attn: attention_ref(u, attn, theta, qk_eps)  # noqa: E731
     x = _p(model.embed.weight)[idx]
-    if norm == "dyt" and args.get("embedding_scale", True):
+    if norm in ("dyt", "derf", "dyisru") and args.get("embedding_scale", True):
         x = x * _p(model.emb_norm.scale)
     if norm == "peri_ln" and args.get("embed_norm", False):
         x = rms(x, model.emb_norm.weight, 1e-5)
@@ -104,7 +128,7 @@ def model_ref(model, idx: torch.Tensor, norm: str, args: dict) -> torch.Tensor:
         if norm in ("rmsnorm", "lns", "peri_ln"):
             scale = 1.0 / math.sqrt(li + 1) if norm == "lns" else 1.0
             u = rms(x, n.attn_in.weight, 1e-5) * scale
-            a = attention_ref(u, attn, theta)
+            a = attend(u, attn)
             a = rms(a, n.attn_out.weight, 1e-5) if norm == "peri_ln" else a
             h = x + a
             v = rms(h, n.mlp_in.weight, 1e-5) * scale
@@ -112,15 +136,15 @@ def model_ref(model, idx: torch.Tensor, norm: str, args: dict) -> torch.Tensor:
             o = rms(o, n.mlp_out.weight, 1e-5) if norm == "peri_ln" else o
             x = h + o
         elif norm == "layernorm":
-            h = x + attention_ref(layernorm(x, n.attn_in.weight, 1e-5), attn, theta)
+            h = x + attend(layernorm(x, n.attn_in.weight, 1e-5), attn)
             x = h + mlp_ref(layernorm(h, n.mlp_in.weight, 1e-5), mlp)
         elif norm == "dyt":
             dyt = lambda z, s: _p(s.weight) * torch.tanh(_p(s.alpha) * z)  # noqa: E731
-            h = x + attention_ref(dyt(x, n.attn_in), attn, theta)
+            h = x + attend(dyt(x, n.attn_in), attn)
             x = h + mlp_ref(dyt(h, n.mlp_in), mlp)
         elif norm in ("bhyt", "bhyt_exact"):
             u = bhyt_site(x, n.attn_in, kappa, eps_b, stat)
-            h = x + attention_ref(u, attn, theta)
+            h = x + attend(u, attn)
             if norm == "bhyt":
                 lam_a = float(n.attn_in.lambda_.detach())
                 corr = vo_constant_ref(attn, args.get("seq_len", 1024)) * lam_a**2 / kappa**2
@@ -133,11 +157,37 @@ def model_ref(model, idx: torch.Tensor, norm: str, args: dict) -> torch.Tensor:
             else:
                 v = bhyt_site(h, n.mlp_in, kappa, eps_b, stat)
             x = h + mlp_ref(v, mlp)
+        elif norm in ("derf", "dyisru", "seednorm"):
+            site = {
+                "derf": derf_site,
+                "dyisru": dyisru_site,
+                "seednorm": lambda z, s: seednorm_site(z, s, args.get("eps", 1e-5)),
+            }[norm]
+            h = x + attend(site(x, n.attn_in), attn)
+            x = h + mlp_ref(site(h, n.mlp_in), mlp)
+        elif norm in ("post_ln", "mix_ln"):
+            eps = args.get("eps", 1e-5)
+            n_layers = len(model.layers)
+            n_post = n_layers if norm == "post_ln" else math.floor(args.get("alpha", 0.25) * n_layers)
+            if li < n_post:  # Post-LN: y = Norm(x + F(x)) after each residual add
+                h = rms(x + attend(x, attn), n.attn_res.weight, eps)
+                x = rms(h + mlp_ref(h, mlp), n.mlp_res.weight, eps)
+            else:  # Pre-LN
+                h = x + attend(rms(x, n.attn_in.weight, eps), attn)
+                x = h + mlp_ref(rms(h, n.mlp_in.weight, eps), mlp)
         else:
             raise ValueError(norm)
     f = model.final_norm
     if norm == "layernorm":
         x = layernorm(x, f.weight, 1e-5)
+    elif norm == "post_ln":
+        pass  # no final norm: the last block ends in one
+    elif norm == "derf":
+        x = derf_site(x, f)
+    elif norm == "dyisru":
+        x = dyisru_site(x, f)
+    elif norm == "seednorm":
+        x = seednorm_site(x, f, args.get("eps", 1e-5))
     elif norm == "dyt":
         x = _p(f.weight) * torch.tanh(_p(f.alpha) * x)
     elif norm in ("bhyt", "bhyt_exact") and args.get("lambda_final", 0) > 0:

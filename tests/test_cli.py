@@ -39,10 +39,21 @@ def test_every_base_recipe_parses(recipe: Path, capsys) -> None:
 def test_every_norm_overlay_stacks_on_a_paper_recipe(overlay: Path, capsys) -> None:
     config = _print_config(capsys, "--config", str(RECIPES / "pretrain/llama-1b.yaml"), "--config", str(overlay))
     expected = yaml.safe_load(overlay.read_text())["model"]
-    assert config["model"]["norm"] == expected["norm"]
+    assert config["model"]["norm"] == expected.get("norm", "rmsnorm")  # model options (qk_norm) keep the norm
     assert config["model"]["preset"] == "llama-1b"
     for key, value in (expected.get("norm_args") or {}).items():
         assert config["model"]["norm_args"][key] == value
+    for key, value in (expected.get("overrides") or {}).items():
+        assert config["model"]["overrides"][key] == value
+
+
+def test_qk_norm_is_one_line_on_any_scheme(capsys) -> None:
+    stacked = ["--config", str(RECIPES / "norms/derf.yaml"), "--config", str(RECIPES / "norms/qk_norm.yaml")]
+    config = _print_config(capsys, "--config", str(RECIPES / "tiny.yaml"), *stacked)
+    assert config["model"]["norm"] == "derf" and config["model"]["overrides"] == {"qk_norm": True}
+    line = ["--model.norm", "post_ln", "--model.overrides", "{qk_norm: true}"]
+    config = _print_config(capsys, "--config", str(RECIPES / "tiny.yaml"), *line)
+    assert config["model"]["norm"] == "post_ln" and config["model"]["overrides"] == {"qk_norm": True}
 
 
 @pytest.mark.parametrize("overlay", STRATEGIES, ids=lambda p: p.stem)

@@ -52,3 +52,13 @@ def test_invalid_values_collected() -> None:
 
 def test_estimated_parameters_close_to_spec() -> None:
     assert abs(LlamaConfig.from_name("llama-374m").estimated_parameters() - 374e6) / 374e6 < 0.01
+
+
+def test_qk_norm_field_is_validated() -> None:
+    assert LlamaConfig.from_name("tiny").qk_norm is False
+    c = LlamaConfig.from_name("tiny", qk_norm=True, norm="post_ln")
+    assert LlamaConfig(**c.to_dict()) == c
+    with pytest.raises(ValueError, match=r"qk_norm must be true or false, got 'yes'"):
+        LlamaConfig.from_name("tiny", qk_norm="yes")
+    with pytest.raises(ValueError, match=r"qk_norm_eps must be > 0, got 0.0"):
+        LlamaConfig.from_name("tiny", qk_norm_eps=0.0)

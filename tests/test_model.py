@@ -7,8 +7,9 @@ import torch
 
 from bhyt_pl import Llama, LlamaConfig
 from bhyt_pl.model import Block, rope_cos_sin
+from bhyt_pl.norms import build_norm_scheme, registered_norms
 
-SCHEMES = ["rmsnorm", "layernorm", "dyt", "bhyt", "bhyt_exact", "peri_ln", "lns"]
+SCHEMES = registered_norms()  # every built-in scheme (collected before any test registers its own)
 
 
 def _small(norm: str = "rmsnorm", **kw) -> LlamaConfig:
@@ -73,11 +74,24 @@ def test_convert_helper_round_trip() -> None:
         torch.testing.assert_close(back(idx), model(idx))
     with pytest.raises(ValueError, match="only norm='rmsnorm'"):
         to_hf_llama(Llama(_small("bhyt")))
+    with pytest.raises(ValueError, match="qk_norm=True does not map onto Hugging Face Llama"):
+        to_hf_llama(Llama(_small(qk_norm=True)))
 
 
-@pytest.mark.parametrize("norm", SCHEMES)
-def test_kv_cache_matches_full_forward(norm: str) -> None:
-    model = Llama(_small(norm)).eval()
+def test_from_hf_refuses_query_key_norms() -> None:
+    """A Hugging Face model with q/k norms (Qwen3-style) is refused rather than converted without them."""
+    transformers = pytest.importorskip("transformers")
+    from bhyt_pl.convert import from_hf_llama, to_hf_llama
+
+    hf = to_hf_llama(Llama(_small()))
+    hf.model.layers[0].self_attn.q_norm = transformers.models.llama.modeling_llama.LlamaRMSNorm(8)
+    with pytest.raises(ValueError, match=r"has query/key norms \(model.layers.0.self_attn.q_norm.weight"):
+        from_hf_llama(hf)
+
+
+@pytest.mark.parametrize(("norm", "qk_norm"), [(n, False) for n in SCHEMES] + [("mix_ln", True), ("bhyt", True)])
+def test_kv_cache_matches_full_forward(norm: str, qk_norm: bool) -> None:
+    model = Llama(_small(norm, qk_norm=qk_norm, norm_args={"alpha": 0.5} if norm == "mix_ln" else {})).eval()
     idx = torch.randint(0, 97, (2, 24))
     with torch.no_grad():
         full = model(idx)
@@ -139,9 +153,9 @@ def test_sequence_longer_than_max_seq_len_is_refused() -> None:
         model(torch.zeros(1, 17, dtype=torch.long))
 
 
-@pytest.mark.parametrize("norm", SCHEMES)
-def test_meta_device_build_materialise_reset(norm: str) -> None:
-    config = _small(norm)
+@pytest.mark.parametrize(("norm", "qk_norm"), [(n, False) for n in SCHEMES] + [("seednorm", True)])
+def test_meta_device_build_materialise_reset(norm: str, qk_norm: bool) -> None:
+    config = _small(norm, qk_norm=qk_norm)
     with torch.device("meta"):
         model = Llama(config)
     assert all(p.is_meta for p in model.parameters())
@@ -160,6 +174,45 @@ def test_meta_device_build_materialise_reset(norm: str) -> None:
     assert model.lm_head is None  # tied: the output projection reads embed.weight
     out = model(torch.randint(0, 97, (1, 8)))
     assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("norm", SCHEMES)
+def test_state_dict_round_trip_and_keys(norm: str) -> None:
+    """A state dict loads strictly into a fresh model of the same config and reproduces its logits; the
+    post-residual sites add keys only where a scheme uses them, and QK-norm adds exactly its two gains."""
+    model = Llama(_small(norm, qk_norm=True)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim < 2:
+                p.add_(0.1)
+    fresh = Llama(_small(norm, qk_norm=True)).eval()
+    fresh.load_state_dict(model.state_dict(), strict=True)
+    idx = torch.randint(0, 97, (1, 12))
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(idx), model(idx))
+    plain = set(Llama(_small(norm)).state_dict())
+    assert set(model.state_dict()) - plain == {f"layers.{i}.attn.{n}_norm.weight" for i in range(2) for n in "qk"}
+    if norm not in ("post_ln", "mix_ln"):
+        assert not any("_res." in k for k in plain)
+
+
+def test_post_and_mix_ln_placement() -> None:
+    """Post-LN: no pre-norm, a norm after both adds, no final norm; Mix-LN: Post-LN in floor(0.25 L) layers."""
+    post = Llama(_small("post_ln", n_layers=4))
+    assert isinstance(post.final_norm, torch.nn.Identity)
+    for layer in post.layers:
+        assert isinstance(layer.norms.attn_in, torch.nn.Identity) and isinstance(layer.norms.mlp_in, torch.nn.Identity)
+        assert layer.norms.attn_res.weight.shape == layer.norms.mlp_res.weight.shape == (32,)
+    mix = Llama(_small("mix_ln", n_layers=8))  # floor(0.25 * 8) = 2 Post-LN layers
+    kinds = [isinstance(layer.norms.attn_in, torch.nn.Identity) for layer in mix.layers]
+    assert kinds == [True, True] + [False] * 6
+    assert all(isinstance(layer.norms.attn_res, torch.nn.Identity) for layer in mix.layers[2:])
+    assert not isinstance(mix.final_norm, torch.nn.Identity)
+    counts = [build_norm_scheme("mix_ln", alpha=a).post_ln_layers(n) for a, n in [(0.25, 3), (0.25, 16), (0.29, 100)]]
+    assert counts == [0, 4, 29]  # 0.29 * 100 is 28.999999999999996 in floats
+    with torch.no_grad():  # a Post-LN block's output is the RMSNorm of the residual stream: unit RMS per token
+        y = post.layers[0](torch.randn(1, 5, 32) * 3, *rope_cos_sin(torch.arange(5), 8, 500000.0))
+    torch.testing.assert_close(y.pow(2).mean(-1), torch.ones(1, 5), atol=1e-4, rtol=1e-4)
 
 
 def test_paper_preset_parameter_counts() -> None:
@@ -189,11 +242,15 @@ def test_rope_matches_hand_rotation() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize(("norms", "backend"), [(SCHEMES, "aot_eager"), (["bhyt"], "inductor")])
 def test_compile_fullgraph(norms: list[str], backend: str) -> None:
-    """torch.compile(block, fullgraph=True): graph capture and autograd for every scheme (aot_eager),
-    and full inductor code generation for BHyT (about 15 s a scheme on this CPU, so only one)."""
-    torch._dynamo.reset()
-    for norm in norms:
-        config = LlamaConfig(dim=16, n_layers=1, n_heads=2, n_kv_heads=1, mlp_dim=24, vocab_size=8, norm=norm)
+    """torch.compile(block, fullgraph=True): graph capture and autograd for every scheme (aot_eager; the
+    Post-LN block and QK-norm once each), and full inductor code generation for BHyT (about 15 s a scheme
+    on this CPU, so only one)."""
+    cases = [(n, False) for n in norms] + ([("post_ln", True)] if backend == "aot_eager" else [])
+    for norm, qk_norm in cases:
+        torch._dynamo.reset()  # a fresh cache per scheme: more block types than dynamo's recompile limit
+        config = LlamaConfig(
+            dim=16, n_layers=1, n_heads=2, n_kv_heads=1, mlp_dim=24, vocab_size=8, norm=norm, qk_norm=qk_norm
+        )
         block = Block(config, 0, config.norm_scheme())
         block.refresh_norm_constants()
         x = torch.randn(1, 6, 16, requires_grad=True)

@@ -109,6 +109,22 @@ def test_checkpoint_loads_back_with_one_call(tmp_path) -> None:
     torch.testing.assert_close(sft.model.embed.weight, lm.model.embed.weight)
 
 
+def test_mix_ln_with_qk_norm_checkpoint_round_trip(tmp_path) -> None:
+    """The post-residual sites and the q/k gains survive a Lightning checkpoint and load in one call."""
+    overrides = {**TINY_OVERRIDES, "qk_norm": True}
+    lm = LlamaLM(overrides=overrides, norm="mix_ln", norm_args={"alpha": 0.5}, tokenizer="embedded")
+    ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True)
+    trainer = quiet_trainer(max_steps=2, enable_checkpointing=True, callbacks=[ckpt], default_root_dir=tmp_path)
+    trainer.fit(lm, TokenDataModule())
+    loaded = load_model(tmp_path / "last.ckpt")
+    assert loaded.config == lm.config and loaded.config.qk_norm
+    keys = set(loaded.model.state_dict())
+    assert {"layers.0.norms.attn_res.weight", "layers.0.attn.q_norm.weight", "layers.1.attn.k_norm.weight"} <= keys
+    idx = torch.randint(0, 64, (1, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.model(idx), lm.model.eval()(idx))
+
+
 def test_seq_len_sets_bhyt_T_unless_given() -> None:
     assert LlamaLM(overrides=TINY_OVERRIDES, norm="bhyt", seq_len=48).config.norm_args["seq_len"] == 48
     lm = LlamaLM(overrides=TINY_OVERRIDES, norm="bhyt", norm_args={"seq_len": 16}, seq_len=48)

@@ -182,7 +182,7 @@ def _sites(results, variants: list[Variant], settings, device, dtype, sync) -> N
             steps = {}
             for v in variants:
                 norms = block_norms(v, dim, 16, device, dtype, settings["seq_len"])
-                step, forward = site_step(norms, settings["site_tokens"], use_compile, device, dtype)
+                step, forward = site_step(norms, settings["site_tokens"], use_compile, device, dtype, dim)
                 steps[v.label] = step
                 if "memory" in settings["parts"] and dim == settings["site_dims"][0]:
                     step()  # compile first, so the count sees the compiled graph's saved tensors

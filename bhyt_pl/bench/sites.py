@@ -1,9 +1,10 @@
 """The norm sites of one block alone, forward and backward, at a model's width.
 
 One "block" of norm work is what ``Block.forward`` asks of its ``BlockNorms``: ``pre_attn`` on the
-block input, ``post_attn`` on the attention output, ``pre_mlp`` on ``h`` (with site A's context)
-and ``post_mlp`` on the MLP output. The attention and the MLP are replaced by fixed tensors, so the
-time is the norms' (two sites, four for Peri-LN) plus the one residual add every scheme shares.
+block input, ``post_attn`` on the attention output, ``attn_residual`` after the first residual add,
+``pre_mlp`` on ``h`` (with site A's context), ``post_mlp`` on the MLP output and ``mlp_residual``
+after the second add. The attention and the MLP are replaced by fixed tensors, so the time is the
+norms' (two sites, four for Peri-LN) plus the two residual adds every scheme shares.
 """
 
 from __future__ import annotations
@@ -34,18 +35,17 @@ def block_norms(
 
 def _forward(norms: BlockNorms, x: torch.Tensor, a: torch.Tensor, m: torch.Tensor):
     u, ctx = norms.pre_attn(x)  # site A: x [N, d]
-    h = x + norms.post_attn(a)  # a stands in for Attn(u)
+    h = norms.attn_residual(x + norms.post_attn(a))  # a stands in for Attn(u)
     v = norms.pre_mlp(h, ctx)  # site B
-    o = norms.post_mlp(m)  # m stands in for MLP(v)
-    return u, v, o
+    y = norms.mlp_residual(h + norms.post_mlp(m))  # m stands in for MLP(v)
+    return u, v, y
 
 
 def site_step(
-    norms: BlockNorms, tokens: int, compile: bool, device: torch.device, dtype: torch.dtype
+    norms: BlockNorms, tokens: int, compile: bool, device: torch.device, dtype: torch.dtype, dim: int
 ) -> tuple[Callable[[], None], Callable[[], object]]:
-    """``(step, forward)``: one forward+backward of the block's sites on [tokens, d] inputs, and the
+    """``(step, forward)``: one forward+backward of the block's sites on [tokens, dim] inputs, and the
     forward alone (for the saved-activation count). Inputs are made once, outside the timing."""
-    dim = norms.attn_in.weight.shape[0]
     gen = torch.Generator(device="cpu").manual_seed(0)
     make = lambda: torch.randn(tokens, dim, generator=gen).to(device=device, dtype=dtype).requires_grad_()  # noqa: E731
     x, a, m = make(), make(), make()

@@ -13,9 +13,11 @@ Statistics (all per token over the hidden dimension, averaged over the tokens of
 - ``angular_distance``: ``1 - cos(x_t, y_t)`` between block input and output (curse of depth: near 0
   means the block barely changes the residual stream's direction).
 - ``site_rms/<site>``: ``sqrt(mean_d x_t^2)`` of the input of each norm site that is not an identity.
-- ``saturation/<site>``: fraction of tanh arguments with ``|arg| > saturation_threshold`` (tanh-based
-  sites: BHyT, DyT); for BHyT's site B the argument uses the approximated statistic, as the forward does.
-- ``lambda/<site>`` (BHyT) and ``alpha/<site>`` (DyT): the current learnable scalar.
+- ``saturation/<site>``: fraction of arguments of the bounded function with ``|arg| > saturation_threshold``
+  (sites that implement ``bhyt_pl.norms.BoundedSite``: BHyT, DyT, Derf, DyISRU, SeeDNorm); for BHyT's
+  site B the argument uses the approximated statistic, as the forward does.
+- ``<scalar>/<site>``: the site's learnable one-element parameters as ``BoundedSite.scalars`` names them
+  (``lambda`` for BHyT, ``alpha`` for DyT, ``alpha`` and ``shift`` for Derf, ``beta`` for DyISRU).
 - ``bhyt_moment_ratio``: site B's approximated second moment ``m + c*lambda_A^2/kappa^2`` divided by
   the exact ``mean_d h_t^2`` (``1.0`` means the approximation of docs/method.md, section 3 is exact).
 
@@ -39,12 +41,13 @@ from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
 from bhyt_pl.model import Llama
+from bhyt_pl.norms import BoundedSite
 
 __all__ = ["DepthStatsMonitor", "DepthStatsCollector", "SITES"]
 
 log = logging.getLogger(__name__)
 
-SITES = ("attn_in", "attn_out", "mlp_in", "mlp_out")
+SITES = ("attn_in", "attn_out", "attn_res", "mlp_in", "mlp_out", "mlp_res")
 """Norm-site submodules of ``Block.norms`` (``layers.<i>.norms.<site>``)."""
 
 
@@ -150,14 +153,11 @@ class DepthStatsCollector:
                 xf = x.float().flatten(0, -2)  # [N, d]
                 n = xf.shape[0]
                 self._add(f"site_rms/{site_name}/{layer}", xf.pow(2).mean(dim=-1).sqrt().sum(), n)
-                preactivation = getattr(module, "preactivation", None)
-                if callable(preactivation):  # tanh-based site: the tanh argument as its forward computes it
-                    z = preactivation(*args).flatten(0, -2)  # [N, d]
+                if isinstance(module, BoundedSite):  # tanh/erf/ISRU site: its argument as the forward computes it
+                    z = module.preactivation(*args).flatten(0, -2)  # [N, d], or [N, 1] for a per-token argument
                     saturated = (z.abs() > self.saturation_threshold).float().mean(dim=-1)  # [N]
                     self._add(f"saturation/{site_name}/{layer}", saturated.sum(), n)
-                for name, key in (("lambda_", "lambda"), ("alpha", "alpha")):
-                    value = getattr(module, name, None)
-                    if isinstance(value, torch.Tensor) and value.numel() == 1:
+                    for key, value in module.scalars().items():
                         self._add(f"{key}/{site_name}/{layer}", value.detach().reshape(()), 1)
                 if approximated and len(args) > 1 and hasattr(args[1], "spread"):
                     # site B of BHyT: the statistic the forward received (approximate_stats of site A's)

@@ -1,10 +1,19 @@
 """Normalization schemes: an open registry of per-block norms (docs/method.md, sections 2-4).
 
 Importing this package registers the built-in schemes: ``rmsnorm``, ``layernorm``, ``dyt``,
-``bhyt``, ``bhyt_exact``, ``peri_ln`` and ``lns``. Add your own with ``@register_norm``.
+``bhyt``, ``bhyt_exact``, ``peri_ln``, ``lns``, ``derf``, ``dyisru``, ``seednorm``, ``post_ln`` and
+``mix_ln``. Add your own with ``@register_norm``.
 """
 
-from bhyt_pl.norms.base import BlockNorms, NormScheme, build_norm_scheme, register_norm, registered_norms, second_moment
+from bhyt_pl.norms.base import (
+    BlockNorms,
+    BoundedSite,
+    NormScheme,
+    build_norm_scheme,
+    register_norm,
+    registered_norms,
+    second_moment,
+)
 from bhyt_pl.norms.bhyt import (
     BHyT,
     BHyTBlockNorms,
@@ -14,11 +23,16 @@ from bhyt_pl.norms.bhyt import (
     satisfies_variance_bound,
     vo_constant,
 )
+from bhyt_pl.norms.derf import Derf, DerfScheme
+from bhyt_pl.norms.dyisru import DyISRU, DyISRUScheme
 from bhyt_pl.norms.dyt import DyT, DyTScheme, EmbeddingScale
 from bhyt_pl.norms.layernorm import LayerNorm, LayerNormScheme
 from bhyt_pl.norms.lns import LNSScheme
+from bhyt_pl.norms.mix_ln import MixLNScheme
 from bhyt_pl.norms.peri_ln import PeriLNScheme
+from bhyt_pl.norms.post_ln import PostLNScheme
 from bhyt_pl.norms.rmsnorm import RMSNorm, RMSNormScheme
+from bhyt_pl.norms.seednorm import SeeDNorm, SeeDNormScheme
 
 __all__ = [
     "BHyT",
@@ -26,16 +40,25 @@ __all__ = [
     "BHyTExactScheme",
     "BHyTScheme",
     "BlockNorms",
+    "BoundedSite",
+    "Derf",
+    "DerfScheme",
+    "DyISRU",
+    "DyISRUScheme",
     "DyT",
     "DyTScheme",
     "EmbeddingScale",
     "LNSScheme",
     "LayerNorm",
     "LayerNormScheme",
+    "MixLNScheme",
     "NormScheme",
     "PeriLNScheme",
+    "PostLNScheme",
     "RMSNorm",
     "RMSNormScheme",
+    "SeeDNorm",
+    "SeeDNormScheme",
     "SiteStats",
     "build_norm_scheme",
     "register_norm",

@@ -1,8 +1,8 @@
 """The norm-scheme registry and the per-block norms interface every scheme implements.
 
 A *scheme* (``NormScheme``) is plain configuration with typed constructor arguments; it builds
-modules for one model: a ``BlockNorms`` per layer (four sites: ``attn_in``, ``attn_out``,
-``mlp_in``, ``mlp_out``), the final norm and the embedding norm. The block calls only
+modules for one model: a ``BlockNorms`` per layer (six sites: ``attn_in``, ``attn_out``,
+``attn_res``, ``mlp_in``, ``mlp_out``, ``mlp_res``), the final norm and the embedding norm. The block calls only
 ``BlockNorms`` methods, so it never branches on a scheme's name, and statistics can flow from
 site A to site B of a block through the ``ctx`` value (BHyT's one reduction per block).
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 import torch
 from torch import nn
@@ -21,6 +21,7 @@ from bhyt_pl.validation import raise_if_problems
 __all__ = [
     "RUN_FACTS",
     "BlockNorms",
+    "BoundedSite",
     "NormScheme",
     "build_norm_scheme",
     "check_norm_args",
@@ -159,12 +160,14 @@ class BlockNorms(nn.Module):
     The block computes::
 
         u, ctx = norms.pre_attn(x)
-        h = x + norms.post_attn(attn(u))
+        h = norms.attn_residual(x + norms.post_attn(attn(u)))
         v = norms.pre_mlp(h, ctx)
-        y = h + norms.post_mlp(mlp(v))
+        y = norms.mlp_residual(h + norms.post_mlp(mlp(v)))
 
     Every site is a real submodule (``nn.Identity`` where a scheme has none), so hooks and
-    state-dict keys have stable names such as ``layers.3.norms.attn_in``. Subclasses override
+    state-dict keys have stable names such as ``layers.3.norms.attn_in``. ``attn_res`` and
+    ``mlp_res`` act on the residual stream after each add (Post-LN, Mix-LN); identities have no
+    parameters, so a scheme that leaves them out keeps its state-dict keys. Subclasses override
     ``pre_attn``/``pre_mlp`` to share statistics between the sites (``ctx``), and
     ``refresh_constants`` to recompute cached, weight-derived constants.
     """
@@ -175,12 +178,16 @@ class BlockNorms(nn.Module):
         mlp_in: nn.Module,
         attn_out: nn.Module | None = None,
         mlp_out: nn.Module | None = None,
+        attn_res: nn.Module | None = None,
+        mlp_res: nn.Module | None = None,
     ) -> None:
         super().__init__()
         self.attn_in = attn_in
         self.attn_out = attn_out if attn_out is not None else nn.Identity()
+        self.attn_res = attn_res if attn_res is not None else nn.Identity()
         self.mlp_in = mlp_in
         self.mlp_out = mlp_out if mlp_out is not None else nn.Identity()
+        self.mlp_res = mlp_res if mlp_res is not None else nn.Identity()
 
     def pre_attn(self, x: torch.Tensor) -> tuple[torch.Tensor, Any]:
         """Site A. Returns the attention input and a context handed to ``pre_mlp``."""
@@ -190,6 +197,10 @@ class BlockNorms(nn.Module):
         """Applied to the attention output before the residual add (Peri-LN)."""
         return self.attn_out(a)
 
+    def attn_residual(self, h: torch.Tensor) -> torch.Tensor:
+        """Applied to the residual stream right after the attention add (Post-LN)."""
+        return self.attn_res(h)
+
     def pre_mlp(self, h: torch.Tensor, ctx: Any) -> torch.Tensor:
         """Site B. ``ctx`` is what ``pre_attn`` returned for the same block."""
         return self.mlp_in(h)
@@ -198,13 +209,35 @@ class BlockNorms(nn.Module):
         """Applied to the MLP output before the residual add (Peri-LN)."""
         return self.mlp_out(m)
 
+    def mlp_residual(self, y: torch.Tensor) -> torch.Tensor:
+        """Applied to the residual stream right after the MLP add, i.e. the block output (Post-LN)."""
+        return self.mlp_res(y)
+
     def refresh_constants(self, attn: nn.Module) -> None:
         """Recompute cached constants derived from this block's attention weights (no-op by default)."""
 
     def reset_parameters(self) -> None:
-        for site in (self.attn_in, self.attn_out, self.mlp_in, self.mlp_out):
+        for site in (self.attn_in, self.attn_out, self.attn_res, self.mlp_in, self.mlp_out, self.mlp_res):
             if hasattr(site, "reset_parameters"):
                 site.reset_parameters()
+
+
+@runtime_checkable
+class BoundedSite(Protocol):
+    """What a norm site built on a saturating nonlinearity (tanh, erf, ISRU) tells diagnostics.
+
+    Tools such as ``DepthStatsMonitor`` ask a site through this interface instead of reading its
+    attributes by name, so a new scheme gets saturation and scalar statistics without tool edits.
+    """
+
+    def preactivation(self, x: torch.Tensor, *args: Any) -> torch.Tensor:
+        """The argument of the bounded function for the site input ``x`` (float32 or wider), as the
+        forward computes it; ``|argument|`` far above 1 means the function is saturated there."""
+        ...
+
+    def scalars(self) -> dict[str, torch.Tensor]:
+        """The site's learnable one-element parameters by diagnostic name (``{"alpha": ...}``)."""
+        ...
 
 
 class NormScheme:

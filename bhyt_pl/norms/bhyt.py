@@ -242,6 +242,10 @@ class BHyT(nn.Module):
         xf = x.to(torch.promote_types(x.dtype, torch.float32))
         return (self.lambda_ * self.inverse_bound(stats)) * xf
 
+    def scalars(self) -> dict[str, torch.Tensor]:
+        """``{"lambda": lambda}`` for diagnostics (the ``BoundedSite`` interface)."""
+        return {"lambda": self.lambda_}
+
     def forward(self, x: torch.Tensor, stats: SiteStats | None = None) -> torch.Tensor:
         if not self.fused():
             return (self.weight * torch.tanh(self.preactivation(x, stats))).to(x.dtype)

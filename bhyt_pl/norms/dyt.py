@@ -33,6 +33,10 @@ class DyT(nn.Module):
         """The tanh argument ``alpha * x`` (float32), for diagnostics."""
         return self.alpha * x.to(torch.promote_types(x.dtype, torch.float32))
 
+    def scalars(self) -> dict[str, torch.Tensor]:
+        """``{"alpha": alpha}`` for diagnostics (the ``BoundedSite`` interface)."""
+        return {"alpha": self.alpha}
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.weight * torch.tanh(self.preactivation(x))
         if self.bias is not None:

@@ -48,7 +48,8 @@ __all__ = ["DEFAULT_SCHEMES", "FULL", "QUICK", "SWEEP", "SWEEP_QUICK", "Budget",
 log = logging.getLogger(__name__)
 
 DEFAULT_SCHEMES = ("rmsnorm", "layernorm", "peri_ln", "lns", "dyt", "bhyt", "bhyt_exact")
-"""Every registered built-in scheme; ``rmsnorm`` is the reference of the loss comparison."""
+"""The schemes of the BHyT paper's comparison; ``rmsnorm`` is the reference of the loss comparison. Any other
+registered scheme (``derf``, ``dyisru``, ``seednorm``, ``post_ln``, ``mix_ln``, your own) runs with ``--schemes``."""
 
 
 @dataclass(frozen=True)

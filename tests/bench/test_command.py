@@ -154,3 +154,19 @@ def test_gpu_script_dry_run(capsys: pytest.CaptureFixture[str]) -> None:
     settings = json.loads(capsys.readouterr().out)
     assert settings["device"] == "cuda" and settings["dtype"] == "bfloat16" and settings["preset"] == "llama-374m"
     assert settings["compile"] is True
+
+
+@pytest.mark.parametrize("scheme", ["post_ln", "mix_ln", "derf", "seednorm", "dyisru"])
+def test_site_step_runs_every_new_scheme(scheme: str) -> None:
+    """The sites benchmark drives Post-LN's residual sites too (block 0 of 16: Mix-LN's first layer is Post-LN)."""
+    from bhyt_pl.bench.sites import block_norms, site_step
+
+    cpu = torch.device("cpu")
+    norms = block_norms(parse_variant(scheme), 16, 16, cpu, torch.float32, 64)
+    step, forward = site_step(norms, 8, False, cpu, torch.float32, 16)
+    step()
+    u, v, y = forward()
+    assert u.shape == v.shape == y.shape == (8, 16)
+    if scheme in ("post_ln", "mix_ln"):  # the block output is normalised: unit RMS per token
+        torch.testing.assert_close(y.pow(2).mean(-1), torch.ones(8), atol=1e-4, rtol=1e-4)
+    assert all(p.grad is None for p in norms.parameters())  # the step clears what it accumulated

@@ -115,6 +115,39 @@ def test_logged_statistics_equal_block_outputs_computed_by_hand(norm: str) -> No
     assert expected["magnitude"][0] != pytest.approx(expected["magnitude"][1], rel=1e-3)
 
 
+def test_derf_saturation_alpha_and_shift_against_the_erf_argument() -> None:
+    """Derf reports through the BoundedSite interface: saturation of alpha * x + s, alpha and shift."""
+    lm = hand_set_lm("derf", alpha_attn=8.0, alpha_mlp=0.5, shift_init=0.5)
+    ids = first_batch(TokenDataModule())
+    with torch.no_grad():
+        x = lm.model.emb_norm(lm.model.embed(ids)).double()  # layer 0's site A input
+        expected = (8.0 * x + 0.5).abs().gt(2.0).double().mean().item()
+    assert 0.05 < expected < 0.95
+    logger = MemoryLogger()
+    fit(lm, DepthStatsMonitor(every_n_steps=100, figures=False), logger, max_steps=1)
+    logged = logger.history[1]
+    assert logged["depth/saturation/attn_in/layer_00"] == pytest.approx(expected, rel=1e-6)
+    assert logged["depth/alpha/attn_in/layer_00"] == pytest.approx(8.0)
+    assert logged["depth/shift/mlp_in/layer_01"] == pytest.approx(0.5)
+
+
+def test_post_ln_residual_sites_are_observed() -> None:
+    """Post-LN's sites sit after the residual adds: their input RMS is logged, the identities are skipped."""
+    lm = hand_set_lm("post_ln")
+    ids = first_batch(TokenDataModule())
+    model = lm.model
+    with torch.no_grad():  # layer 0's attn_res input: x + Attn(x), x the embeddings (no pre-norm)
+        x = model.embed(ids)
+        h = x + model.layers[0].attn(x, *model.rope(0, ids.shape[1], ids.device, x.dtype))
+        expected = h.double().pow(2).mean(-1).sqrt().mean().item()
+    logger = MemoryLogger()
+    fit(lm, DepthStatsMonitor(every_n_steps=100, figures=False), logger, max_steps=1)
+    logged = logger.history[1]
+    assert logged["depth/site_rms/attn_res/layer_00"] == pytest.approx(expected, rel=1e-5)
+    assert "depth/site_rms/mlp_res/layer_01" in logged
+    assert not any("/attn_in/" in k or "saturation" in k for k in logged)
+
+
 def test_dyt_saturation_and_alpha_against_the_tanh_argument() -> None:
     lm = hand_set_lm("dyt", alpha_attn=8.0, alpha_mlp=0.5)
     ids = first_batch(TokenDataModule())

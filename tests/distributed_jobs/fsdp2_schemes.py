@@ -1,6 +1,7 @@
-"""torchrun job (2 ranks, gloo, CPU): every norm scheme sharded with FSDP2 (fully_shard per block,
-then the root) trains three steps on a global batch split over the ranks, and must match the same
-model trained in one process on the whole batch: losses, and BHyT's refreshed constant c on every rank.
+"""torchrun job (2 ranks, gloo, CPU): every registered norm scheme (plus Mix-LN with QK-norm) sharded
+with FSDP2 (fully_shard per block, then the root) trains three steps on a global batch split over the
+ranks, and must match the same model trained in one process on the whole batch: losses, and BHyT's
+refreshed constant c on every rank.
 
 Usage: python -m torch.distributed.run --standalone --nproc_per_node 2 fsdp2_schemes.py OUT_DIR
 """
@@ -17,9 +18,10 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from bhyt_pl import Llama, LlamaConfig, parameter_groups
+from bhyt_pl import Llama, LlamaConfig, parameter_groups, registered_norms
 
-SCHEMES = ["rmsnorm", "layernorm", "dyt", "bhyt", "bhyt_exact", "peri_ln", "lns"]
+QK_NORM = "mix_ln+qk_norm"
+SCHEMES = [*registered_norms(), QK_NORM]
 
 
 def train(model, batches, steps=3):
@@ -42,7 +44,8 @@ def main(out_dir: str) -> None:
     g = torch.Generator().manual_seed(0)
     batches = [torch.randint(0, 64, (4, 17), generator=g) for _ in range(3)]
     results = {}
-    for norm in SCHEMES:
+    for label in SCHEMES:
+        norm = label.removesuffix("+qk_norm")
         torch.manual_seed(1)
         config = LlamaConfig(
             vocab_size=64,
@@ -52,7 +55,8 @@ def main(out_dir: str) -> None:
             n_kv_heads=2,
             mlp_dim=48,
             norm=norm,
-            norm_args={"seq_len": 16} if norm == "bhyt" else {},
+            norm_args={"seq_len": 16} if norm == "bhyt" else {"alpha": 0.5} if norm == "mix_ln" else {},
+            qk_norm=label == QK_NORM,
         )
         single = Llama(config)
         sharded = copy.deepcopy(single)
@@ -67,7 +71,7 @@ def main(out_dir: str) -> None:
         c = torch.stack([layer.norms.c.detach().clone() for layer in sharded.layers]) if norm == "bhyt" else None
         gathered = [None] * world
         dist.all_gather_object(gathered, c)
-        results[norm] = {
+        results[label] = {
             "single_losses": single_losses,
             "sharded_losses": sharded_losses,
             "single_c": torch.stack([layer.norms.c for layer in single.layers]) if norm == "bhyt" else None,

@@ -22,15 +22,27 @@ CASES = [
     ("bhyt", {"kappa": 4.0, "learnable_lambda": False}),
     ("bhyt_exact", {}),
     ("bhyt_exact", {"stat": "meanstd", "lambda_final": 1.0}),
+    ("derf", {}),
+    ("derf", {"alpha_attn": 0.8, "alpha_mlp": 0.2, "alpha_final": 0.3, "shift_init": 0.1, "bias": False}),
+    ("dyisru", {}),
+    ("dyisru", {"beta_init": 8.0, "embedding_scale": False}),
+    ("seednorm", {}),
+    ("seednorm", {"eps": 1e-3}),
+    ("post_ln", {}),
+    ("mix_ln", {}),  # 3 layers: floor(0.25 * 3) = 0 Post-LN layers, all Pre-LN
+    ("mix_ln", {"alpha": 0.5}),  # 1 Post-LN layer, then 2 Pre-LN
 ]
 
 
 def _perturb_norm_params(model: Llama) -> None:
-    """Move every gain, lambda, alpha and scale away from its init so a misplaced one shows."""
+    """Move every gain, lambda, alpha, shift, beta and scale away from its init so a misplaced one shows
+    (zero-initialised ones, such as biases, Derf's shift and SeeDNorm's beta, get a random offset)."""
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for name, t in list(model.named_parameters()) + list(model.named_buffers()):
             if t.ndim < 2 and not name.endswith(".c"):
+                if not t.any():
+                    t.add_(0.2 * torch.randn(t.shape, generator=gen, dtype=t.dtype))
                 t.mul_(1 + 0.3 * torch.rand(t.shape, generator=gen, dtype=t.dtype))
 
 
@@ -57,6 +69,36 @@ def test_model_matches_float64_spec(norm: str, args: dict) -> None:
         ours = model(idx)
     ref = model_ref(model, idx, norm, args)
     torch.testing.assert_close(ours, ref, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("norm", ["rmsnorm", "post_ln", "derf"])
+def test_qk_norm_matches_float64_formula(norm: str) -> None:
+    """QK-norm: RMSNorm over the head dimension of q and k (own gains) before RoPE, with any scheme."""
+    config = LlamaConfig.from_name(
+        "tiny", vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, mlp_dim=48, norm=norm, qk_norm=True
+    )
+    model = _float64_model(config)
+    _perturb_norm_params(model)
+    attn = model.layers[0].attn
+    assert attn.q_norm.weight.shape == attn.k_norm.weight.shape == (8,)  # head_dim
+    idx = torch.randint(0, 64, (2, 11))
+    with torch.no_grad():
+        ours = model(idx)
+    torch.testing.assert_close(ours, model_ref(model, idx, norm, {}), rtol=1e-9, atol=1e-9)
+    with torch.no_grad():  # guard: the q/k gains reach the output, so the comparison above sees them
+        attn.k_norm.weight.mul_(2.0)
+        assert not torch.allclose(model(idx), ours)
+
+
+def test_seednorm_equals_rmsnorm_at_init() -> None:
+    kw = dict(vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, mlp_dim=48)
+    torch.manual_seed(0)
+    seed = Llama(LlamaConfig.from_name("tiny", norm="seednorm", **kw))
+    torch.manual_seed(0)
+    rms = Llama(LlamaConfig.from_name("tiny", norm="rmsnorm", **kw))
+    idx = torch.randint(0, 64, (2, 11))
+    with torch.no_grad():
+        torch.testing.assert_close(seed(idx), rms(idx))
 
 
 def test_bhyt_correction_changes_the_output() -> None:

@@ -10,7 +10,20 @@ from bhyt_pl import Llama, LlamaConfig, parameter_groups
 from bhyt_pl.norms import BlockNorms, NormScheme, build_norm_scheme, register_norm, registered_norms
 from bhyt_pl.norms.base import _REGISTRY
 
-BUILTIN = ["bhyt", "bhyt_exact", "dyt", "layernorm", "lns", "peri_ln", "rmsnorm"]
+BUILTIN = [
+    "bhyt",
+    "bhyt_exact",
+    "derf",
+    "dyisru",
+    "dyt",
+    "layernorm",
+    "lns",
+    "mix_ln",
+    "peri_ln",
+    "post_ln",
+    "rmsnorm",
+    "seednorm",
+]
 
 
 def test_builtin_names() -> None:
@@ -38,6 +51,11 @@ def test_unknown_name_lists_registered() -> None:
         ("dyt", {"alpha_attn": 0.0}, r"alpha_attn must be > 0"),
         ("lns", {"base": "batchnorm"}, r"base must be one of rmsnorm, layernorm; got 'batchnorm'"),
         ("rmsnorm", {"eps": 0.0}, r"eps must be > 0"),
+        ("derf", {"alpha_mlp": -0.1}, r"invalid 'derf' norm configuration:\n  - alpha_mlp must be > 0, got -0.1"),
+        ("dyisru", {"beta_init": 0.0}, r"beta_init must be > 0 or None \(for d\), got 0.0"),
+        ("seednorm", {"eps": -1.0}, r"invalid 'seednorm' norm configuration:\n  - eps must be > 0"),
+        ("post_ln", {"eps": 0.0}, r"invalid 'post_ln' norm configuration:\n  - eps must be > 0"),
+        ("mix_ln", {"alpha": 1.5}, r"alpha must be in \[0, 1\], got 1.5"),
     ],
 )
 def test_bad_values_name_the_field(name: str, kwargs: dict, message: str) -> None:
