@@ -163,6 +163,17 @@ class NormScheme:
         """Applied to the token embeddings before the first block (identity by default)."""
         return nn.Identity()
 
+    @classmethod
+    def export_source(cls) -> str | None:
+        """Python source of the module that defines this scheme, shipped with exported models
+        (``bhyt_pl.convert.save_hf``), or None when the scheme cannot be exported.
+
+        bhyt_pl's own schemes are exported from the package's source and never asked. A scheme of your
+        own returns its module's source, e.g. ``inspect.getsource(sys.modules[cls.__module__])``: its
+        imports of ``bhyt_pl`` are resolved into the exported file, its other imports are kept.
+        """
+        return None
+
     def hparams(self) -> dict[str, Any]:
         """Constructor arguments that rebuild this scheme: ``type(s)(**s.hparams())``."""
         params = inspect.signature(type(self).__init__).parameters
