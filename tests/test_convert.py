@@ -206,7 +206,7 @@ def test_export_loads_without_the_package(tmp_path: Path) -> None:
         import torch, transformers
         ref = torch.load({str(tmp_path / "ref.pt")!r})
         model = transformers.AutoModelForCausalLM.from_pretrained({str(tmp_path / "hf")!r}, trust_remote_code=True)
-        tok = transformers.AutoTokenizer.from_pretrained({str(tmp_path / "hf")!r})
+        tok = transformers.AutoTokenizer.from_pretrained({str(tmp_path / "hf")!r}, trust_remote_code=True)
         assert tok("In the beginning").input_ids[0] == tok.bos_token_id == 0
         err = (model(ref["idx"]).logits - ref["logits"]).abs().max().item()
         assert err < 1e-4, err
@@ -291,5 +291,5 @@ def test_export_command(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert (tmp_path / "hf" / "tokenizer.json").exists()
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", trust_remote_code=True)
     assert hf.dtype == torch.bfloat16
-    tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf", trust_remote_code=True)
     assert tok.bos_token == "<|begin_of_text|>" and tok.eos_token == "<|end_of_text|>"
