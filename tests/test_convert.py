@@ -188,6 +188,22 @@ def test_export_greedy_generation_parity(norm: str, tmp_path: Path) -> None:
     theirs = hf.generate(prompt, attention_mask=mask, max_new_tokens=24, do_sample=False, eos_token_id=None)
     assert theirs.tolist() == ours.tolist()
     assert len(set(ours[0, 7:].tolist())) > 3
+    seq = ours[:, :20].clone()  # out of inference mode
+    with torch.no_grad():
+        expected = torch.nn.functional.cross_entropy(model(seq)[:, :-1].flatten(0, 1), seq[:, 1:].flatten())
+        assert hf(seq, labels=seq).loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    if norm != "rmsnorm":  # the exported shell refuses padding it cannot mask (stock Llama handles it)
+        with pytest.raises(ValueError, match="unpadded inputs only"):
+            hf(seq, attention_mask=torch.ones_like(seq).index_fill(1, torch.tensor([0]), 0))
+
+
+def test_bundle_refuses_what_it_cannot_ship() -> None:
+    from bhyt_pl.source_bundle import BundleError, bundle_source
+
+    with pytest.raises(BundleError, match="is not a top-level class or function of bhyt_pl"):
+        bundle_source([torch.nn.Linear])
+    source = bundle_source([rope_cos_sin])
+    assert "def rope_inv_freq(" in source and "class Llama" not in source and _no_package_import(source)
 
 
 def test_export_loads_without_the_package(tmp_path: Path) -> None:
