@@ -25,7 +25,11 @@ __all__ = ["Attention", "Block", "KVCache", "Llama", "MLP", "apply_rope", "rope_
 
 # ----------------------------------------------------------------------------- RoPE
 def rope_inv_freq(
-    head_dim: int, theta: float, scaling: dict[str, Any] | None = None, device=None, dtype=torch.float32
+    head_dim: int,
+    theta: float,
+    scaling: dict[str, Any] | None = None,
+    device: torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """The hd/2 rotary frequencies ``theta^(-2i/hd)``, with Llama 3's frequency scaling when ``scaling``
     is given (``LlamaConfig.rope_scaling``): wavelengths above ``original / low_freq_factor`` are
