@@ -150,6 +150,7 @@ class _Bundler:
         self.order: list[tuple[str, str]] = []  # discovery order
         self.imports: dict[str, str] = {}  # bound name -> import line
         self.extra: list[str] = []
+        self.extra_names: dict[str, str] = {}  # top-level name of an extra source -> its context
 
     def module(self, name: str) -> _Module:
         if name not in self.modules:
@@ -257,6 +258,8 @@ class _Bundler:
                 )
             if d.name in self.imports:
                 raise BundleError(f"{d.module}.{d.name} clashes with the import `{self.imports[d.name]}`")
+            if d.name in self.extra_names:  # a later definition would silently replace the package's
+                raise BundleError(f"{self.extra_names[d.name]} defines {d.name!r}, which {d.module} defines too")
         imports = sorted(set(self.imports.values()), key=lambda line: (line.startswith("from "), line))
         parts = [header.rstrip() + "\n" if header else "", "from __future__ import annotations\n", "\n".join(imports)]
         last_module = None
@@ -324,6 +327,11 @@ def _extra_source(bundler: _Bundler, source: str, context: str) -> str:
     lines = source.splitlines()
     drop: list[tuple[int, int]] = []
     for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bundler.extra_names[node.name] = context
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            bundler.extra_names.update({n.id: context for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)})
         if isinstance(node, ast.ImportFrom) and node.module == "__future__":
             drop.append((node.lineno, node.end_lineno))
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and bundled_module(node.module):

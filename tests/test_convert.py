@@ -202,8 +202,15 @@ def test_bundle_refuses_what_it_cannot_ship() -> None:
 
     with pytest.raises(BundleError, match="is not a top-level class or function of bhyt_pl"):
         bundle_source([torch.nn.Linear])
+    with pytest.raises(BundleError, match="extra source #0 defines 'rope_inv_freq', which bhyt_pl.model defines too"):
+        bundle_source([rope_cos_sin], ["def rope_inv_freq(*args):\n    return None\n"])
     source = bundle_source([rope_cos_sin])
     assert "def rope_inv_freq(" in source and "class Llama" not in source and _no_package_import(source)
+    namespace: dict = {}
+    exec(compile(source, "bundle", "exec"), namespace)  # runs on its own and computes what the package does
+    torch.testing.assert_close(
+        namespace["rope_cos_sin"](torch.arange(5), 8, 1e4), rope_cos_sin(torch.arange(5), 8, 1e4)
+    )
 
 
 def test_export_loads_without_the_package(tmp_path: Path) -> None:
