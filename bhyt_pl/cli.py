@@ -42,6 +42,7 @@ TOOLS = {
     "bench": "bhyt_pl.bench",
     "study": "bhyt_pl.study",
     "consolidate": "bhyt_pl.checkpoint_io",
+    "export": "bhyt_pl.convert",
 }
 """Subcommands that are not Lightning's: each module exposes ``main(argv) -> int``."""
 

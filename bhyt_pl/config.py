@@ -11,7 +11,18 @@ from bhyt_pl.validation import raise_if_problems
 if TYPE_CHECKING:
     from bhyt_pl.norms import NormScheme
 
-__all__ = ["LlamaConfig", "PRESETS"]
+__all__ = ["LLAMA3_ROPE_SCALING", "LlamaConfig", "PRESETS", "ROPE_SCALING_KEYS"]
+
+LLAMA3_ROPE_SCALING: dict[str, Any] = {
+    "rope_type": "llama3",
+    "factor": 32.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+"""Llama 3's RoPE frequency scaling as the Llama-3.2 configs carry it (docs/method.md, models)."""
+ROPE_SCALING_KEYS = ("rope_type", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+"""The keys of ``LlamaConfig.rope_scaling`` (Hugging Face's ``rope_scaling``/``rope_parameters`` names)."""
 
 
 @dataclass
@@ -46,6 +57,12 @@ class LlamaConfig:
     # --- details ---
     rope_theta: float = 500000.0
     """RoPE base frequency (Llama-3.2: 500000)."""
+    rope_scaling: dict[str, Any] | None = None
+    """Llama 3 RoPE frequency scaling, or None for plain RoPE: ``{rope_type: llama3, factor,
+    low_freq_factor, high_freq_factor, original_max_position_embeddings}`` (the paper presets use
+    Llama-3.2's ``LLAMA3_ROPE_SCALING``). Wavelengths longer than ``original / low_freq_factor``
+    are divided by ``factor``, those shorter than ``original / high_freq_factor`` are kept, and
+    those between are interpolated; this changes the rotation at every position."""
     tie_embeddings: bool = True
     """Share the embedding matrix with the output projection."""
     init_std: float = 0.02
@@ -82,6 +99,10 @@ class LlamaConfig:
             problems.append(f"qk_norm must be true or false, got {self.qk_norm!r}")
         if not self.qk_norm_eps > 0:
             problems.append(f"qk_norm_eps must be > 0, got {self.qk_norm_eps}")
+        if self.rope_scaling is not None:
+            problems += _rope_scaling_problems(self.rope_scaling)
+            if isinstance(self.rope_scaling, dict):
+                self.rope_scaling = dict(self.rope_scaling)  # never share a preset's dict
         if not isinstance(self.norm_args, dict):
             problems.append(
                 f"norm_args must be a mapping of constructor arguments, got {type(self.norm_args).__name__}"
@@ -145,7 +166,38 @@ class LlamaConfig:
         return self.n_layers * (attn + mlp) + emb
 
 
-_LLAMA32 = {"vocab_size": 128256, "rope_theta": 500000.0, "tie_embeddings": True, "max_seq_len": 2048}
+def _rope_scaling_problems(scaling: Any) -> list[str]:
+    """What is wrong with a ``rope_scaling`` value (empty when it is valid)."""
+    if not isinstance(scaling, dict):
+        return [f"rope_scaling must be a mapping with keys {', '.join(ROPE_SCALING_KEYS)} or None, got {scaling!r}"]
+    problems = []
+    missing = [k for k in ROPE_SCALING_KEYS if k not in scaling]
+    unknown = sorted(set(scaling) - set(ROPE_SCALING_KEYS))
+    if missing or unknown:
+        problems.append(
+            f"rope_scaling needs exactly the keys {', '.join(ROPE_SCALING_KEYS)}; missing {missing}, unknown {unknown}"
+        )
+    if scaling.get("rope_type", "llama3") != "llama3":
+        problems.append(
+            f"rope_scaling.rope_type must be 'llama3' (the only scaling implemented), got {scaling['rope_type']!r}"
+        )
+    for key in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
+        value = scaling.get(key, 1)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            problems.append(f"rope_scaling.{key} must be a number > 0, got {value!r}")
+    low, high = scaling.get("low_freq_factor"), scaling.get("high_freq_factor")
+    if not problems and not high > low:
+        problems.append(f"rope_scaling.high_freq_factor ({high}) must be greater than low_freq_factor ({low})")
+    return problems
+
+
+_LLAMA32 = {
+    "vocab_size": 128256,
+    "rope_theta": 500000.0,
+    "rope_scaling": LLAMA3_ROPE_SCALING,
+    "tie_embeddings": True,
+    "max_seq_len": 2048,
+}
 
 PRESETS: dict[str, dict[str, Any]] = {
     # paper models (docs/method.md, section 5)

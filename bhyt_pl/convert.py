@@ -1,20 +1,46 @@
-"""Conversion of ``rmsnorm`` models to and from Hugging Face ``LlamaForCausalLM``.
+"""Hugging Face interoperability: export any model as a transformers folder, and map ``rmsnorm``
+models to and from ``transformers.LlamaForCausalLM``.
 
-Only the ``rmsnorm`` scheme has a Hugging Face architecture; BHyT, DyT and the other schemes do
-not, which is why evaluation runs our own model directly (``bhyt_pl.eval``). ``transformers`` is
-a development dependency, imported only here.
+- ``save_hf(model, out_dir, tokenizer)`` / ``python -m bhyt_pl export --ckpt_path CKPT --out DIR`` writes a
+  folder that ``AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)`` loads, for every
+  norm scheme: ``config.json`` (with ``auto_map``), ``modeling_bhyt_llama.py`` (generated from the
+  package's own source by ``bhyt_pl.source_bundle``: the ``bhyt_pl.hf_modeling`` shell plus every
+  class and function the model uses; no ``bhyt_pl`` import), ``model.safetensors`` and the tokenizer
+  files. A plain ``rmsnorm`` model (Llama's exact architecture) is written as a stock
+  ``LlamaForCausalLM`` instead, with no remote code.
+- ``to_hf_llama``/``from_hf_llama`` convert ``rmsnorm`` models in memory, Llama 3 RoPE scaling included.
+
+``transformers`` and ``safetensors`` are development dependencies, imported only inside functions here.
 """
 
 from __future__ import annotations
 
+import argparse
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from bhyt_pl.config import LlamaConfig
+from bhyt_pl.config import ROPE_SCALING_KEYS, LlamaConfig
 from bhyt_pl.model import Llama
 
-__all__ = ["from_hf_llama", "hf_config", "hf_key_map", "to_hf_llama"]
+__all__ = [
+    "MODELING_FILE",
+    "build_parser",
+    "from_hf_llama",
+    "hf_config",
+    "hf_key_map",
+    "hf_rope_scaling",
+    "main",
+    "modeling_source",
+    "rope_scaling_from_hf",
+    "save_hf",
+    "stock_llama_compatible",
+    "to_hf_llama",
+]
+
+MODELING_FILE = "modeling_bhyt_llama.py"
+"""The generated modeling module inside an exported folder."""
 
 
 def _require_rmsnorm(config: LlamaConfig) -> None:
@@ -28,6 +54,10 @@ def _require_rmsnorm(config: LlamaConfig) -> None:
 def hf_key_map(config: LlamaConfig) -> dict[str, str]:
     """Our state-dict key -> Hugging Face Llama's key."""
     _require_rmsnorm(config)
+    return _llama_keys(config)
+
+
+def _llama_keys(config: LlamaConfig) -> dict[str, str]:
     keys = {"embed.weight": "model.embed_tokens.weight", "final_norm.weight": "model.norm.weight"}
     if not config.tie_embeddings:
         keys["lm_head.weight"] = "lm_head.weight"
@@ -39,6 +69,37 @@ def hf_key_map(config: LlamaConfig) -> dict[str, str]:
         keys[f"layers.{i}.norms.attn_in.weight"] = f"model.layers.{i}.input_layernorm.weight"
         keys[f"layers.{i}.norms.mlp_in.weight"] = f"model.layers.{i}.post_attention_layernorm.weight"
     return keys
+
+
+def stock_llama_compatible(model: Llama) -> bool:
+    """Whether ``model`` is exactly Hugging Face Llama: the ``rmsnorm`` scheme (one eps everywhere) and
+    no tensor beyond Llama's (a QK-norm or any other addition adds state-dict keys)."""
+    if model.config.norm != "rmsnorm":
+        return False
+    eps = {m.eps for m in model.modules() if hasattr(m, "eps")}
+    return len(eps) <= 1 and set(model.state_dict()) == set(_llama_keys(model.config))
+
+
+def hf_rope_scaling(config: LlamaConfig) -> dict[str, Any] | None:
+    """``config.rope_scaling`` as Hugging Face's ``rope_scaling`` (None for plain RoPE)."""
+    return dict(config.rope_scaling) if config.rope_scaling is not None else None
+
+
+def rope_scaling_from_hf(hf_config: Any) -> dict[str, Any] | None:
+    """Our ``rope_scaling`` from a ``transformers`` config (v5 ``rope_parameters`` or v4 ``rope_scaling``).
+
+    Raises:
+        ValueError: a RoPE type other than the default and ``llama3``.
+    """
+    params = dict(getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {})
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type == "default":
+        return None
+    if rope_type != "llama3":
+        raise ValueError(f"RoPE type {rope_type!r} is not implemented; only the default RoPE and 'llama3' map")
+    params["rope_type"] = "llama3"
+    params.setdefault("original_max_position_embeddings", hf_config.max_position_embeddings)
+    return {key: params[key] for key in ROPE_SCALING_KEYS}
 
 
 def hf_config(config: LlamaConfig) -> Any:
@@ -56,6 +117,7 @@ def hf_config(config: LlamaConfig) -> Any:
         head_dim=config.head_dim,
         max_position_embeddings=config.max_seq_len,
         rope_theta=config.rope_theta,
+        rope_scaling=hf_rope_scaling(config),
         rms_norm_eps=config.norm_args.get("eps", 1e-5),
         tie_word_embeddings=config.tie_embeddings,
         attention_bias=False,
@@ -81,11 +143,10 @@ def to_hf_llama(model: Llama) -> Any:
 
 
 def from_hf_llama(hf_model: Any) -> Llama:
-    """Our ``rmsnorm`` model with the weights of a ``transformers.LlamaForCausalLM`` (default RoPE only)."""
+    """Our ``rmsnorm`` model with the weights of a ``transformers.LlamaForCausalLM`` (default or ``llama3`` RoPE)."""
     c = hf_model.config
     rope = getattr(c, "rope_parameters", None) or {}
-    if rope.get("rope_type", "default") != "default":
-        raise ValueError(f"RoPE scaling {rope.get('rope_type')!r} is not implemented; only the default RoPE maps")
+    rope_scaling = rope_scaling_from_hf(c)
     config = LlamaConfig(
         name="from-hf",
         vocab_size=c.vocab_size,
@@ -97,6 +158,7 @@ def from_hf_llama(hf_model: Any) -> Llama:
         mlp_dim=c.intermediate_size,
         max_seq_len=c.max_position_embeddings,
         rope_theta=float(rope.get("rope_theta", getattr(c, "rope_theta", 10000.0))),
+        rope_scaling=rope_scaling,
         tie_embeddings=bool(c.tie_word_embeddings),
         norm="rmsnorm",
         norm_args={"eps": float(c.rms_norm_eps)},
@@ -110,3 +172,159 @@ def from_hf_llama(hf_model: Any) -> Llama:
     model.to_empty(device="cpu")
     model.load_state_dict({key: hf_sd[hf_key].float() for key, hf_key in hf_key_map(config).items()})
     return model.to(next(hf_model.parameters()).dtype)
+
+
+# ----------------------------------------------------------------------------- export
+def modeling_source(model: Llama) -> str:
+    """The self-contained modeling module of ``model``'s export, generated from the package's source.
+
+    Raises:
+        ValueError: the model's norm scheme is not part of bhyt_pl and provides no source
+            (``NormScheme.export_source``).
+    """
+    from bhyt_pl import __version__
+    from bhyt_pl.hf_modeling import BHyTLlamaConfig, BHyTLlamaForCausalLM, TransformersCacheView
+    from bhyt_pl.source_bundle import bundle_source, bundled_module
+
+    scheme = model.config.norm_scheme()
+    roots: list[Any] = [BHyTLlamaConfig, TransformersCacheView, BHyTLlamaForCausalLM]
+    extra: list[str] = []
+    cls = type(scheme)
+    if bundled_module(cls.__module__):
+        roots.append(cls)
+    else:
+        source = cls.export_source()
+        if source is None:
+            raise ValueError(
+                f"norm scheme {model.config.norm!r} ({cls.__module__}.{cls.__qualname__}) cannot be exported: it is "
+                "not part of bhyt_pl and its export_source() returns None. Return the source of the module that "
+                "defines it, e.g. `inspect.getsource(sys.modules[cls.__module__])`, to ship it with the model"
+            )
+        extra.append(source)
+    header = (
+        f'"""The bhyt_pl {__version__} Llama with the {model.config.norm!r} norm scheme, for transformers.\n\n'
+        "Generated by `python -m bhyt_pl export` (bhyt_pl.convert.save_hf) from bhyt_pl's own source: the\n"
+        "transformers shell of bhyt_pl.hf_modeling and every bhyt_pl definition it uses. Do not edit; export again.\n"
+        '"""'
+    )
+    return bundle_source(roots, extra, header=header)
+
+
+def save_hf(model: Llama, out_dir: str | Path, tokenizer: Any = None) -> Path:
+    """Write ``model`` as a Hugging Face folder that ``AutoModelForCausalLM.from_pretrained`` loads.
+
+    A plain ``rmsnorm`` model (``stock_llama_compatible``) becomes a stock ``LlamaForCausalLM``; any
+    other scheme gets generated modeling code (load it with ``trust_remote_code=True``). Weights are
+    written as safetensors in the model's dtype.
+
+    Args:
+        model: the model to export (any norm scheme registered in bhyt_pl, or one of your own that
+            implements ``NormScheme.export_source``).
+        out_dir: the folder (created if missing).
+        tokenizer: a ``tokenizers.Tokenizer``, a name or path for ``bhyt_pl.data.load_tokenizer``
+            (``"embedded"``, ``tokenizer.json``, a Hub name), or None to write no tokenizer files.
+
+    Returns:
+        ``out_dir`` as a ``Path``.
+
+    Example:
+        >>> from bhyt_pl import Llama, LlamaConfig
+        >>> save_hf(Llama(LlamaConfig.from_name("tiny", norm="bhyt")), "tiny-bhyt-hf", "embedded")  # doctest: +SKIP
+        >>> import transformers
+        >>> transformers.AutoModelForCausalLM.from_pretrained("tiny-bhyt-hf", trust_remote_code=True)  # doctest: +SKIP
+    """
+    from safetensors.torch import save_file
+    from transformers import GenerationConfig
+
+    from bhyt_pl.data.tokenizer import SpecialTokens, load_tokenizer
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
+    special = SpecialTokens.from_tokenizer(tok) if tok is not None else None
+    token_ids = {"bos_token_id": special.bos_id, "eos_token_id": special.eos_id} if special else {}
+    dtype = model.embed.weight.dtype
+    if stock_llama_compatible(model):
+        hf = to_hf_llama(model)
+        for key, value in token_ids.items():
+            setattr(hf.config, key, value)
+        hf.config.dtype = dtype
+        hf.generation_config = GenerationConfig.from_model_config(hf.config)
+        hf.save_pretrained(out)
+    else:
+        from bhyt_pl.hf_modeling import BHyTLlamaConfig
+
+        (out / MODELING_FILE).write_text(modeling_source(model))
+        module = MODELING_FILE.removesuffix(".py")
+        config = BHyTLlamaConfig(
+            bhyt=model.config.to_dict(),
+            architectures=["BHyTLlamaForCausalLM"],
+            auto_map={
+                "AutoConfig": f"{module}.BHyTLlamaConfig",
+                "AutoModelForCausalLM": f"{module}.BHyTLlamaForCausalLM",
+            },
+            **token_ids,
+        )
+        config.dtype = dtype
+        config.save_pretrained(out)
+        GenerationConfig.from_model_config(config).save_pretrained(out)
+        weights = {f"model.{k}": v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+        save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    if tok is not None:
+        _save_tokenizer(tok, special, model.config.max_seq_len, out)
+    return out
+
+
+def _save_tokenizer(tok: Any, special: Any, max_length: int, out: Path) -> None:
+    """``tokenizer.json`` and its transformers config; encoding adds BOS as in pretraining (the Llama-3
+    tokenizers and the embedded one already do, through their post-processor)."""
+    from transformers import PreTrainedTokenizerFast
+
+    names = {"bos_token": special.bos_id, "eos_token": special.eos_id, "pad_token": special.pad_id}
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=tok, model_max_length=max_length, **{k: tok.id_to_token(i) for k, i in names.items()}
+    )
+    wrapped.save_pretrained(out)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m bhyt_pl export",
+        description="Export a bhyt_pl LlamaLM checkpoint (any norm scheme) as a Hugging Face folder: config.json, "
+        "model.safetensors, the tokenizer files and, for every scheme but plain rmsnorm, generated modeling code "
+        "(load it with AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)). A plain rmsnorm model is "
+        "written as a stock LlamaForCausalLM.",
+        epilog="Example: python -m bhyt_pl export --ckpt_path runs/tiny-bhyt/version_0/checkpoints/last.ckpt --out tiny-bhyt-hf; "
+        "then lm_eval --model hf --model_args pretrained=tiny-bhyt-hf,trust_remote_code=True --tasks arc_easy",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--ckpt_path", required=True, help="LlamaLM checkpoint: a .ckpt file or a sharded folder.")
+    p.add_argument("--out", required=True, help="Output folder (created if missing).")
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help="Tokenizer to ship (name or path, 'embedded'; 'none' for no tokenizer files). Default: the one "
+        "the checkpoint records.",
+    )
+    p.add_argument("--dtype", default=None, help="Cast the weights first, e.g. bfloat16 (default: as saved).")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bhyt_pl export``; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    from bhyt_pl.checkpoint import load_model
+
+    dtype = None
+    if args.dtype is not None:
+        dtype = getattr(torch, args.dtype, None)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"--dtype must name a torch dtype such as 'float32' or 'bfloat16', got {args.dtype!r}")
+    loaded = load_model(args.ckpt_path, dtype=dtype)
+    tokenizer = args.tokenizer or loaded.tokenizer
+    if tokenizer is not None and tokenizer.lower() == "none":
+        tokenizer = None
+    out = save_hf(loaded.model, args.out, tokenizer)
+    kind = "LlamaForCausalLM" if stock_llama_compatible(loaded.model) else "generated modeling code (trust_remote_code)"
+    print(f"exported {loaded.config.norm!r} model to {out} as {kind}" + ("" if tokenizer else ", without a tokenizer"))
+    return 0

@@ -7,8 +7,10 @@ hd head width, d hidden size, V vocabulary.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -19,17 +21,45 @@ from bhyt_pl.config import LlamaConfig
 from bhyt_pl.init import init_weights
 from bhyt_pl.norms import BlockNorms, NormScheme, RMSNorm
 
-__all__ = ["Attention", "Block", "KVCache", "Llama", "MLP", "apply_rope", "rope_cos_sin"]
+__all__ = ["Attention", "Block", "KVCache", "Llama", "MLP", "apply_rope", "rope_cos_sin", "rope_inv_freq"]
 
 
 # ----------------------------------------------------------------------------- RoPE
+def rope_inv_freq(
+    head_dim: int,
+    theta: float,
+    scaling: dict[str, Any] | None = None,
+    device: torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """The hd/2 rotary frequencies ``theta^(-2i/hd)``, with Llama 3's frequency scaling when ``scaling``
+    is given (``LlamaConfig.rope_scaling``): wavelengths above ``original / low_freq_factor`` are
+    divided by ``factor``, below ``original / high_freq_factor`` kept, and smoothly interpolated between
+    (Meta's ``apply_scaling``, as Hugging Face's ``llama3`` rope type)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=dtype) / head_dim))  # [hd/2]
+    if scaling is None:
+        return inv_freq
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    original = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    smooth = (original / wavelen - low) / (high - low)  # 0 at the low-frequency edge, 1 at the high one
+    interpolated = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    scaled = torch.where(wavelen > original / low, inv_freq / factor, inv_freq)
+    return torch.where((wavelen >= original / high) & (wavelen <= original / low), interpolated, scaled)
+
+
 def rope_cos_sin(
-    positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype = torch.float32
+    positions: torch.Tensor,
+    head_dim: int,
+    theta: float,
+    dtype: torch.dtype = torch.float32,
+    scaling: dict[str, Any] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotary tables for ``positions`` [T], each [T, hd], computed in at least float32 (never cached
-    in a buffer, so a ``.to(bfloat16)`` of the model cannot degrade them) and cast to ``dtype``."""
+    in a buffer, so a ``.to(bfloat16)`` of the model cannot degrade them) and cast to ``dtype``.
+    ``scaling`` is ``LlamaConfig.rope_scaling`` (None: plain RoPE)."""
     compute = torch.promote_types(dtype, torch.float32)
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=compute) / head_dim))
+    inv_freq = rope_inv_freq(head_dim, theta, scaling, positions.device, compute)  # [hd/2]
     freqs = torch.outer(positions.to(compute), inv_freq)  # [T, hd/2]
     emb = torch.cat((freqs, freqs), dim=-1)  # [T, hd], the half-split layout of HF Llama
     return emb.cos().to(dtype), emb.sin().to(dtype)
@@ -194,7 +224,7 @@ class Llama(nn.Module):
 
     def rope(self, start_pos: int, length: int, device: torch.device, dtype: torch.dtype):
         positions = torch.arange(start_pos, start_pos + length, device=device)
-        return rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, dtype)
+        return rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, dtype, self.config.rope_scaling)
 
     def forward(self, idx: torch.Tensor, cache: KVCache | None = None, start_pos: int = 0) -> torch.Tensor:
         """Logits [B, T, V], in the parameters' dtype, for token ids ``idx`` [B, T].

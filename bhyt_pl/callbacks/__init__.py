@@ -1,9 +1,13 @@
 """Lightning callbacks: depth-wise activation statistics, throughput/MFU/memory, norm-constant refresh,
 the checkpoint callback that loses no work, and the step progress bar.
 
+The statistics and throughput callbacks work inside any LightningModule: ``locate_blocks`` finds the
+transformer blocks of bhyt_pl, transformers and litgpt models (or takes a ``blocks`` argument).
+
 YAML presets that append each of them to any recipe live in the top-level ``callbacks/`` directory.
 """
 
+from bhyt_pl.callbacks.blocks import LocatedBlocks, QKProjections, locate_blocks
 from bhyt_pl.callbacks.checkpointing import RunCheckpoint
 from bhyt_pl.callbacks.depth_stats import SITES, DepthStatsCollector, DepthStatsMonitor, depth_figures
 from bhyt_pl.callbacks.norm_refresh import NormConstantRefresh, default_refresh_interval, norm_refresh_callbacks
@@ -13,6 +17,7 @@ from bhyt_pl.callbacks.throughput import (
     TokenThroughputMonitor,
     batch_samples,
     batch_tokens,
+    estimated_training_flops_per_token,
     peak_flops_for,
 )
 
@@ -21,14 +26,18 @@ __all__ = [
     "SITES",
     "DepthStatsCollector",
     "DepthStatsMonitor",
+    "LocatedBlocks",
     "NormConstantRefresh",
     "RunCheckpoint",
     "StepProgressBar",
+    "QKProjections",
     "TokenThroughputMonitor",
     "batch_samples",
     "batch_tokens",
     "default_refresh_interval",
     "depth_figures",
+    "estimated_training_flops_per_token",
+    "locate_blocks",
     "norm_refresh_callbacks",
     "peak_flops_for",
 ]

@@ -1,9 +1,12 @@
 """Depth-wise activation statistics (docs/method.md, section 6, the paper's Figure 3) measured on the training batch.
 
-On a logging step the callback registers forward hooks on every block and every norm site of the
-``Llama`` inside the LightningModule, lets the normal training forward run through them, removes
-them before the backward pass, reduces the sums across ranks and writes scalars and one
-value-against-depth figure per statistic from rank 0. On every other step no hook is attached.
+On a logging step the callback registers forward hooks on every transformer block (found by
+``bhyt_pl.callbacks.blocks.locate_blocks``: bhyt_pl's ``Llama``, transformers decoder-only models, litgpt's
+``GPT``, or a ``blocks`` argument) and on every bhyt_pl norm site, lets the normal training forward run
+through them, removes them before the backward pass, reduces the sums across ranks and writes scalars
+and one value-against-depth figure per statistic from rank 0. On every other step no hook is attached.
+Models without bhyt_pl norm sites get the block statistics (magnitude, variance, max_abs,
+angular_distance); the site statistics are skipped with one info line.
 
 Statistics (all per token over the hidden dimension, averaged over the tokens of the batch, float32):
 
@@ -35,12 +38,12 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.loggers import TensorBoardLogger
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
-from bhyt_pl.model import Llama
+from bhyt_pl.callbacks.blocks import BlocksSpec, LocatedBlocks, locate_blocks
 from bhyt_pl.norms import BoundedSite
 
 __all__ = ["DepthStatsMonitor", "DepthStatsCollector", "SITES"]
@@ -58,8 +61,9 @@ class DepthStatsCollector:
     sum the counts, then divide); ``max_abs`` is reduced with a maximum.
 
     Args:
-        model: the model to observe.
+        model: the model to observe (its blocks are found by ``locate_blocks``), or located blocks.
         saturation_threshold: a tanh argument with ``|arg|`` above this counts as saturated.
+        blocks: where the blocks are when they cannot be found (``locate_blocks``).
 
     Example:
         >>> from bhyt_pl import Llama, LlamaConfig
@@ -71,10 +75,12 @@ class DepthStatsCollector:
         ['angular_distance/layer_00', 'angular_distance/layer_01']
     """
 
-    def __init__(self, model: Llama, saturation_threshold: float = 2.0) -> None:
-        self.model = model
+    def __init__(
+        self, model: nn.Module | LocatedBlocks, saturation_threshold: float = 2.0, blocks: BlocksSpec = None
+    ) -> None:
+        self.located = model if isinstance(model, LocatedBlocks) else locate_blocks(model, blocks)
         self.saturation_threshold = saturation_threshold
-        self.width = max(2, len(str(len(model.layers) - 1)))
+        self.width = max(2, len(str(len(self.located) - 1)))
         self._sums: dict[str, torch.Tensor] = {}
         self._counts: dict[str, torch.Tensor] = {}
         self._maxes: dict[str, torch.Tensor] = {}
@@ -85,14 +91,11 @@ class DepthStatsCollector:
         """Register the hooks (idempotent)."""
         if self._handles:
             return
-        for i, block in enumerate(self.model.layers):
+        for i, block in enumerate(self.located):
             layer = f"layer_{i:0{self.width}d}"
-            self._handles.append(block.register_forward_hook(self._block_hook(layer)))
-            norms = block.norms
-            for site_name in SITES:
-                site = getattr(norms, site_name, None)
-                if site is None or isinstance(site, nn.Identity):
-                    continue
+            self._handles.append(block.register_forward_hook(self._block_hook(layer), with_kwargs=True))
+            norms = self.located.block_norms(i)
+            for site_name, site in self.located.norm_sites(i).items():
                 approximated = site_name == "mlp_in" and getattr(norms, "approximate", False)
                 hook = self._site_hook(site_name, layer, approximated)
                 self._handles.append(site.register_forward_pre_hook(hook))
@@ -132,10 +135,10 @@ class DepthStatsCollector:
         self._maxes[key] = torch.maximum(self._maxes[key].to(value.device), value) if key in self._maxes else value
 
     def _block_hook(self, layer: str) -> Callable:
-        def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> None:
+        def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
             with torch.no_grad():
-                x = args[0].detach().float()  # [B, T, d], block input
-                y = output.detach().float()  # [B, T, d], block output
+                x = _residual(args, kwargs).detach().float()  # [B, T, d], block input
+                y = (output[0] if isinstance(output, (tuple, list)) else output).detach().float()  # [B, T, d]
                 y2 = y.flatten(0, -2)  # [N, d], N tokens
                 n = y2.shape[0]
                 self._add(f"magnitude/{layer}", y2.norm(dim=-1).sum(), n)
@@ -202,9 +205,14 @@ class DepthStatsCollector:
         return result
 
 
-def find_llama(module: nn.Module) -> Llama | None:
-    """The first ``Llama`` inside ``module`` (the LightningModule keeps it as ``.model``)."""
-    return next((m for m in module.modules() if isinstance(m, Llama)), None)
+def _residual(args: tuple, kwargs: dict) -> torch.Tensor:
+    """A block's residual-stream input: its first positional argument, else ``hidden_states`` (transformers
+    calls some layers with keywords only), else its first tensor keyword argument."""
+    if args and isinstance(args[0], torch.Tensor):
+        return args[0]
+    if isinstance(kwargs.get("hidden_states"), torch.Tensor):
+        return kwargs["hidden_states"]
+    return next(v for v in kwargs.values() if isinstance(v, torch.Tensor))
 
 
 class DepthStatsMonitor(L.Callback):
@@ -224,6 +232,9 @@ class DepthStatsMonitor(L.Callback):
             under ``depth_val/...``.
         figures: draw the figures (matplotlib) on TensorBoard loggers.
         saturation_threshold: ``|tanh argument|`` above which a coordinate counts as saturated.
+        blocks: where the transformer blocks are, for models the locator does not know: a dotted path
+            from the LightningModule (``"net.decoder.layers"``) or a callable returning them
+            (``bhyt_pl.callbacks.blocks.locate_blocks``). None finds bhyt_pl, transformers and litgpt blocks.
 
     Example:
         >>> import lightning as L
@@ -237,6 +248,7 @@ class DepthStatsMonitor(L.Callback):
         validation: bool = False,
         figures: bool = True,
         saturation_threshold: float = 2.0,
+        blocks: BlocksSpec = None,
     ) -> None:
         if not (isinstance(every_n_steps, int) and every_n_steps >= 1):
             raise ValueError(f"every_n_steps must be an int >= 1, got {every_n_steps!r}")
@@ -247,6 +259,7 @@ class DepthStatsMonitor(L.Callback):
         self.validation = validation
         self.figures = figures
         self.saturation_threshold = saturation_threshold
+        self.blocks = blocks
         self._collector: DepthStatsCollector | None = None
         self._pending_step: int | None = None
         self._last_logged_step = -1
@@ -264,18 +277,26 @@ class DepthStatsMonitor(L.Callback):
 
     def _get_collector(self, pl_module: L.LightningModule) -> DepthStatsCollector | None:
         if self._collector is None and not self._disabled:
-            model = find_llama(pl_module)
-            if model is None:
+            try:
+                located = locate_blocks(pl_module, self.blocks)
+            except ValueError as err:
+                if self.blocks is not None:
+                    raise
                 self._disabled = True
-                rank_zero_warn("DepthStatsMonitor: no bhyt_pl Llama in the LightningModule; nothing to log")
+                rank_zero_warn(f"DepthStatsMonitor: {err}; nothing to log")
                 return None
-            if any(getattr(block, "_compiled_call_impl", None) is not None for block in model.layers):
+            if any(getattr(block, "_compiled_call_impl", None) is not None for block in located):
                 # ``Module.compile`` traces the hook dictionaries into the graph and does not guard on
                 # them, so hooks attached for one step would be ignored or outlive it: log nothing
                 self._disabled = True
                 rank_zero_warn("DepthStatsMonitor: blocks are compiled (model.compile=true); depth statistics are off")
                 return None
-            self._collector = DepthStatsCollector(model, self.saturation_threshold)
+            if not located.has_norm_sites:
+                rank_zero_info(
+                    f"DepthStatsMonitor: the blocks at {located.path} have no bhyt_pl norm sites; site statistics "
+                    "(site_rms, saturation, lambda/alpha, BHyT moment ratio) are skipped"
+                )
+            self._collector = DepthStatsCollector(located, self.saturation_threshold)
         return self._collector
 
     # ------------------------------------------------------------------ training

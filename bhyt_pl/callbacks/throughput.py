@@ -13,9 +13,19 @@ from lightning.pytorch.callbacks import ThroughputMonitor
 from lightning.pytorch.callbacks.throughput_monitor import _plugin_to_compute_dtype
 from lightning.pytorch.trainer.states import RunningStage
 from lightning.pytorch.utilities import rank_zero_info
+from torch import nn
 from typing_extensions import override
 
-__all__ = ["PEAK_FLOPS", "TokenThroughputMonitor", "batch_samples", "batch_tokens", "peak_flops_for"]
+from bhyt_pl.callbacks.blocks import BlocksSpec, LocatedBlocks, locate_blocks
+
+__all__ = [
+    "PEAK_FLOPS",
+    "TokenThroughputMonitor",
+    "batch_samples",
+    "batch_tokens",
+    "estimated_training_flops_per_token",
+    "peak_flops_for",
+]
 
 log = logging.getLogger(__name__)
 
@@ -58,14 +68,59 @@ def peak_flops_for(device_name: str, dtype: torch.dtype, tf32: bool | None = Non
     return None
 
 
+def _input_ids(batch: Any) -> torch.Tensor:
+    if isinstance(batch, torch.Tensor):
+        return batch
+    if isinstance(batch, dict) and isinstance(batch.get("input_ids"), torch.Tensor):
+        return batch["input_ids"]
+    if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], torch.Tensor):
+        return batch[0]
+    raise TypeError(
+        "TokenThroughputMonitor counts tokens in a dict with 'input_ids', a tensor [B, T] or a tuple starting with "
+        f"one; got {type(batch).__name__}: pass batch_size_fn and length_fn"
+    )
+
+
 def batch_samples(batch: Any) -> int:
-    """Sequences in an ``input_ids`` batch (the default ``batch_size_fn``)."""
-    return int(batch["input_ids"].shape[0])
+    """Sequences in a batch: ``input_ids`` [B, T] of a dict, a tensor, or a tuple's first tensor (the default
+    ``batch_size_fn``)."""
+    return int(_input_ids(batch).shape[0])
 
 
 def batch_tokens(batch: Any) -> int:
-    """Tokens processed in an ``input_ids`` batch, padding included (the default ``length_fn``)."""
-    return int(batch["input_ids"].numel())
+    """Tokens processed in a batch, padding included (the default ``length_fn``; batches as ``batch_samples``)."""
+    return int(_input_ids(batch).numel())
+
+
+def estimated_training_flops_per_token(located: LocatedBlocks, seq_len: int) -> float:
+    """Matmul FLOPs of one training token of any decoder, from its blocks (forward + backward = 3x forward).
+
+    The convention of ``bhyt_pl.module.training_flops_per_token``: forward is ``2 x`` the weights of every
+    matrix in the blocks and of the output projection (``get_output_embeddings()`` or ``lm_head``), plus
+    attention scores and values ``2 * 2 * L * H * hd * T`` (H * hd from the query projection, else the
+    hidden width). Embedding lookups, norms and element-wise work are not counted.
+    """
+    matmul = sum(p.numel() for block in located for p in block.parameters() if p.ndim >= 2)
+    owner = located.owner
+    head = owner.get_output_embeddings() if callable(getattr(owner, "get_output_embeddings", None)) else None
+    head = head if head is not None else getattr(owner, "lm_head", None)
+    if isinstance(head, nn.Module):
+        matmul += sum(p.numel() for p in head.parameters() if p.ndim >= 2)
+    attention = 0
+    for i, block in enumerate(located):
+        qk = located.qk_projections(i)
+        width = (
+            qk.q.out_features if qk is not None else next((p.shape[-1] for p in block.parameters() if p.ndim >= 2), 0)
+        )
+        attention += 2 * 2 * width * seq_len
+    return 3.0 * (2.0 * matmul + attention)
+
+
+class _FlopsSource:
+    """What Lightning's ``ThroughputMonitor`` reads from the LightningModule: ``flops_per_batch``."""
+
+    def __init__(self, flops_per_batch: float | None) -> None:
+        self.flops_per_batch = flops_per_batch
 
 
 def _peak_rss_bytes() -> int | None:
@@ -95,8 +150,11 @@ class TokenThroughputMonitor(ThroughputMonitor):
     - the progress bar shows ``train/tokens_per_sec``.
 
     FLOPs come from the LightningModule's ``flops_per_batch`` (``LlamaLM`` updates it every batch), one
-    device's batch. Rates are averages over the last ``window_size`` batches; none is logged before the
-    window fills. Logged every ``trainer.log_every_n_steps``, after gradient accumulation.
+    device's batch; a LightningModule without it (your own around a transformers or litgpt model) gets an
+    estimate from its transformer blocks (``estimated_training_flops_per_token``, blocks found by
+    ``bhyt_pl.callbacks.blocks.locate_blocks`` or the ``blocks`` argument). Rates are averages over the
+    last ``window_size`` batches; none is logged before the window fills. Logged every
+    ``trainer.log_every_n_steps``, after gradient accumulation.
 
     Args:
         batch_size_fn: samples in a batch; default ``batch["input_ids"].shape[0]``.
@@ -105,6 +163,8 @@ class TokenThroughputMonitor(ThroughputMonitor):
         window_size: batches in the rolling average (at least 2).
         memory: log memory metrics.
         progress_bar: show tokens/s in the progress bar.
+        blocks: where the transformer blocks are, for FLOPs of a module without ``flops_per_batch``: a dotted
+            path or a callable (``locate_blocks``); None finds bhyt_pl, transformers and litgpt blocks.
 
     Example:
         >>> import lightning as L
@@ -119,6 +179,7 @@ class TokenThroughputMonitor(ThroughputMonitor):
         window_size: int = 20,
         memory: bool = True,
         progress_bar: bool = True,
+        blocks: BlocksSpec = None,
     ) -> None:
         if peak_flops is not None and not peak_flops > 0:
             raise ValueError(f"peak_flops must be > 0 FLOP/s or None, got {peak_flops}")
@@ -128,6 +189,8 @@ class TokenThroughputMonitor(ThroughputMonitor):
         self.peak_flops = peak_flops
         self.memory = memory
         self.progress_bar = progress_bar
+        self.blocks = blocks
+        self._located: LocatedBlocks | None | bool = False  # False: not looked for yet
         self.latest: dict[str, float] = {}
         """The metrics of the last logging step (rank 0), for tests and scripts."""
 
@@ -147,6 +210,32 @@ class TokenThroughputMonitor(ThroughputMonitor):
         self.available_flops = peak
         for throughput in self._throughputs.values():  # built by the parent with Lightning's table
             throughput.available_flops = peak
+
+    @override
+    def _update(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, iter_num: int) -> None:
+        if hasattr(pl_module, "flops_per_batch"):
+            return super()._update(trainer, pl_module, batch, iter_num)
+        super()._update(trainer, _FlopsSource(self._estimate_flops(pl_module, batch)), batch, iter_num)
+
+    def _estimate_flops(self, pl_module: L.LightningModule, batch: Any) -> float | None:
+        """FLOPs of one device's batch from the located blocks (None when there are none)."""
+        if self._located is False:
+            try:
+                self._located = locate_blocks(pl_module, self.blocks)
+                rank_zero_info(
+                    f"TokenThroughputMonitor: {type(pl_module).__name__} has no flops_per_batch; FLOPs are estimated "
+                    f"from the {len(self._located)} blocks at {self._located.path}"
+                )
+            except ValueError as err:
+                if self.blocks is not None:
+                    raise
+                self._located = None
+                rank_zero_info(f"TokenThroughputMonitor: no FLOPs and no MFU ({err})")
+        if self._located is None:
+            return None
+        samples, tokens = self.batch_size_fn(batch), self.length_fn(batch)
+        seq_len = max(1, tokens // max(1, samples))
+        return tokens * estimated_training_flops_per_token(self._located, seq_len)
 
     # Lightning's ``_compute`` names and filters the metrics; this override renames them and adds memory.
     # It writes through the same logger connector as the parent, so steps match Lightning's other metrics.

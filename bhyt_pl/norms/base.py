@@ -298,6 +298,17 @@ class NormScheme:
         """The declared run facts still ``None`` (the scheme then uses its documented fallback)."""
         return [k for k in self.run_facts if getattr(self, k) is None]
 
+    @classmethod
+    def export_source(cls) -> str | None:
+        """Python source of the module that defines this scheme, shipped with exported models
+        (``bhyt_pl.convert.save_hf``), or None when the scheme cannot be exported.
+
+        bhyt_pl's own schemes are exported from the package's source and never asked. A scheme of your
+        own returns its module's source, e.g. ``inspect.getsource(sys.modules[cls.__module__])``: its
+        imports of ``bhyt_pl`` are resolved into the exported file, its other imports are kept.
+        """
+        return None
+
     def hparams(self) -> dict[str, Any]:
         """Constructor arguments that rebuild this scheme: ``type(s)(**s.hparams())``."""
         params = inspect.signature(type(self).__init__).parameters
