@@ -16,6 +16,7 @@ from torch.utils.checkpoint import checkpoint
 
 from bhyt_pl.config import LlamaConfig
 from bhyt_pl.init import init_weights
+from bhyt_pl.loss import LossOutput, linear_cross_entropy
 from bhyt_pl.norms import BlockNorms, NormScheme
 
 __all__ = ["Attention", "Block", "KVCache", "Llama", "MLP", "apply_rope", "rope_cos_sin"]
@@ -168,6 +169,10 @@ class Llama(nn.Module):
         self.lm_head = None if config.tie_embeddings else nn.Linear(config.dim, config.vocab_size, bias=False)
         self.activation_checkpointing = False
         """Recompute each block in backward while training (set by the trainer; not architecture)."""
+        self.loss_impl = "auto"
+        """How ``forward(idx, labels=...)`` computes the loss (``bhyt_pl.loss.LOSS_IMPLS``; set by the trainer)."""
+        self.loss_chunk_tokens: int | None = None
+        """Tokens per chunk of the chunked loss; None sizes chunks from the vocabulary."""
         self.register_load_state_dict_post_hook(_refresh_after_load)
         if not any(p.is_meta for p in self.parameters()):
             self.reset_parameters()
@@ -189,11 +194,26 @@ class Llama(nn.Module):
         positions = torch.arange(start_pos, start_pos + length, device=device)
         return rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, dtype)
 
-    def forward(self, idx: torch.Tensor, cache: KVCache | None = None, start_pos: int = 0) -> torch.Tensor:
+    def forward(
+        self,
+        idx: torch.Tensor,
+        cache: KVCache | None = None,
+        start_pos: int = 0,
+        *,
+        labels: torch.Tensor | None = None,
+        loss_reduction: str = "mean",
+    ) -> torch.Tensor | LossOutput:
         """Logits [B, T, V], in the parameters' dtype, for token ids ``idx`` [B, T].
 
         With ``cache``, ``idx`` holds the tokens at positions ``start_pos:start_pos+T`` and attends
         to the cached prefix as well.
+
+        With ``labels`` [B, T] (the target of each position, -100 where unsupervised), returns
+        ``LossOutput(loss, tokens)`` instead: the next-token cross-entropy (``loss_reduction``:
+        ``mean``, ``sum`` or per-token ``none``) computed from the final hidden states a chunk at a
+        time (``bhyt_pl.loss``), never holding the whole batch's float32 logits. The loss runs here,
+        inside the root module's forward, because the tied output projection is the embedding, a
+        root parameter that FSDP2 unshards only during this call.
         """
         B, T = idx.shape
         if start_pos + T > self.config.max_seq_len:
@@ -208,11 +228,25 @@ class Llama(nn.Module):
                 x = checkpoint(layer, x, cos, sin, use_reentrant=False)
             else:
                 x = layer(x, cos, sin, cache, start_pos)
-        return self.output(self.final_norm(x))
+        x = self.final_norm(x)
+        if labels is not None:
+            return linear_cross_entropy(
+                x,
+                self.output_weight(),
+                labels,
+                impl=self.loss_impl,
+                chunk_tokens=self.loss_chunk_tokens,
+                reduction=loss_reduction,
+            )
+        return self.output(x)
+
+    def output_weight(self) -> torch.Tensor:
+        """The output projection's weight [V, d]: ``lm_head``'s, or the embedding matrix when tied."""
+        return self.lm_head.weight if self.lm_head is not None else self.embed.weight
 
     def output(self, x: torch.Tensor) -> torch.Tensor:
         """Output projection [..., d] -> [..., V] (the embedding matrix when tied)."""
-        return self.lm_head(x) if self.lm_head is not None else F.linear(x, self.embed.weight)
+        return F.linear(x, self.output_weight())
 
     # ------------------------------------------------------------------------- generation
     def new_kv_cache(self, batch_size: int, max_len: int | None = None, dtype: torch.dtype | None = None) -> KVCache:

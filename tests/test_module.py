@@ -34,6 +34,7 @@ def test_loss_is_shifted_cross_entropy_with_ignore_index() -> None:
     ids = torch.randint(0, 64, (2, 9))
     labels = ids.roll(-1, dims=1)
     labels[:, :3] = -100  # a masked prompt
+    assert lm.model.loss_impl == "auto"  # the chunked loss, inside the model's forward
     loss, n = lm.compute_loss({"input_ids": ids, "labels": labels})
     logits = lm.model(ids)
     kept = labels != -100
@@ -126,6 +127,8 @@ def test_bad_arguments_fail_at_construction() -> None:
         LlamaLM(seq_len=4096)
     with pytest.raises(ValueError, match="unknown model preset"):
         LlamaLM(preset="gpt2")
+    with pytest.raises(ValueError, match=r"(?s)loss_impl must be one of auto, chunked.*loss_chunk_tokens must be >= 1"):
+        LlamaLM(loss_impl="fused", loss_chunk_tokens=0)
 
 
 def test_perplexity_is_exp_of_token_weighted_val_loss() -> None:
