@@ -23,7 +23,14 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-__all__ = ["LOSS_IMPLS", "ChunkedLinearCrossEntropy", "LossOutput", "default_chunk_tokens", "linear_cross_entropy"]
+__all__ = [
+    "LOSS_IMPLS",
+    "ChunkedLinearCrossEntropy",
+    "LossOutput",
+    "default_chunk_tokens",
+    "linear_cross_entropy",
+    "resolve_impl",
+]
 
 LOSS_IMPLS = ("auto", "chunked", "liger", "plain")
 REDUCTIONS = ("mean", "sum", "none")
@@ -105,7 +112,8 @@ def _liger_sum(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
     return LigerFusedLinearCrossEntropyLoss(ignore_index=ignore_index, reduction="sum")(weight, hidden, labels)
 
 
-def _resolve(impl: str, device: torch.device) -> str:
+def resolve_impl(impl: str, device: torch.device) -> str:
+    """The implementation ``impl`` stands for on ``device`` (``auto`` resolved); a clear error if unavailable."""
     if impl not in LOSS_IMPLS:
         raise ValueError(f"loss impl must be one of {', '.join(LOSS_IMPLS)}; got {impl!r}")
     liger_installed = importlib.util.find_spec("liger_kernel") is not None
@@ -153,7 +161,7 @@ def linear_cross_entropy(
         raise ValueError(
             f"labels {tuple(labels.shape)} must match the hidden states' leading shape {tuple(hidden.shape[:-1])}"
         )
-    impl = _resolve(impl, hidden.device)
+    impl = resolve_impl(impl, hidden.device)
     if impl == "liger" and reduction == "none":
         impl = "chunked"  # liger returns reduced losses only
     h, y = hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1)

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from bhyt_pl.bench.generation import generation_fns
-from bhyt_pl.bench.memory import saved_activation_bytes
+from bhyt_pl.bench.memory import STEP_SIDES, saved_activation_bytes, step_peak_memory
 from bhyt_pl.bench.models import build_model, compile_blocks, hf_peer
 from bhyt_pl.bench.report import PAPER, markdown, throughput_entries, time_entries
 from bhyt_pl.bench.sites import block_norms, site_step
@@ -26,7 +26,7 @@ __all__ = ["PARTS", "PEER", "main", "parser", "run"]
 
 log = logging.getLogger(__name__)
 
-PARTS = ("sites", "tanh", "train", "generate", "memory")
+PARTS = ("sites", "tanh", "train", "generate", "memory", "step_memory")
 PEER = "hf_transformers"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 QUICK = {
@@ -39,6 +39,10 @@ QUICK = {
     "prompt_len": 8,
     "new_tokens": 4,
     "repeats": 2,
+    "mem_preset": "tiny",
+    "mem_overrides": {"n_layers": 1, "dim": 64, "n_heads": 4, "n_kv_heads": 2, "mlp_dim": 128, "vocab_size": 4096},
+    "mem_batch": 2,
+    "mem_seq_len": 64,
 }
 
 
@@ -67,6 +71,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--gen-batch", type=int, default=1, help="generation batch size")
     p.add_argument("--prompt-len", type=int, default=64, help="generation prompt length")
     p.add_argument("--new-tokens", type=int, default=32, help="tokens generated per prompt")
+    p.add_argument("--mem-preset", default="llama-374m", help="step_memory: model preset (paper vocabulary 128256)")
+    p.add_argument("--mem-layers", type=int, default=2, help="step_memory: the preset cut to this many layers")
+    p.add_argument("--mem-batch", type=int, default=2, help="step_memory: sequences per step")
+    p.add_argument("--mem-seq-len", type=int, default=1024, help="step_memory: tokens per sequence")
     p.add_argument("--parts", default=",".join(PARTS), help=f"subset of {','.join(PARTS)}")
     p.add_argument("--peers", action=argparse.BooleanOptionalAction, default=True, help="include transformers")
     p.add_argument("--json", type=Path, default=Path("bench_results.json"), help="where to write the JSON")
@@ -101,6 +109,10 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         "new_tokens": args.new_tokens,
         "parts": parts,
         "peers": args.peers,
+        "mem_preset": args.mem_preset,
+        "mem_overrides": {"n_layers": args.mem_layers},
+        "mem_batch": args.mem_batch,
+        "mem_seq_len": args.mem_seq_len,
         "attn_implementation": "sdpa (torch.nn.functional.scaled_dot_product_attention) in both",
         "compile_path": "torch.compile of each block in place (Block.compile(dynamic=False))",
         "inductor_cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
@@ -170,6 +182,18 @@ def _run(settings: dict[str, Any], device: torch.device, dtype: torch.dtype) -> 
         _train(results, variants, settings, device, dtype, sync)
     if "generate" in parts:
         _generate(results, variants, settings, device, dtype, sync)
+    if "step_memory" in parts:
+        sides = STEP_SIDES if settings["peers"] else STEP_SIDES[:2]
+        results["step_memory"] = step_peak_memory(
+            sides,
+            settings["mem_preset"],
+            settings["mem_overrides"],
+            settings["mem_batch"],
+            settings["mem_seq_len"],
+            settings["dtype"],
+            settings["device"],
+            settings["threads"],
+        )
     results["summary"] = _summary(results)
     return results
 
@@ -282,6 +306,14 @@ def _summary(results: dict[str, Any]) -> dict[str, dict[str, float | None]]:
             "ours": ratio(dec, "rmsnorm", PEER, "tokens_per_s"),
             "paper": None,
         }
+    mem = results.get("step_memory", {})
+    if "chunked" in mem:
+        for other in ("plain", PEER):
+            if other in mem:
+                out[f"step peak memory growth: ours chunked / {other}"] = {
+                    "ours": mem["chunked"]["peak_growth_bytes"] / mem[other]["peak_growth_bytes"],
+                    "target": 0.55 if other == PEER else None,
+                }
     for item in out.values():
         item.setdefault("paper", None)
     return out

@@ -115,6 +115,21 @@ def markdown(results: dict[str, Any]) -> str:
         lines += ["", "| comparison | ours | paper |", "|---|---|---|"]
         for name, item in summary.items():
             lines.append(f"| {name} | {_fmt(item.get('ours'), '.3f')} | {_fmt(item.get('paper'), '.3f')} |")
+    step_memory = results.get("step_memory")
+    if step_memory:
+        ref = step_memory.get("hf_transformers")
+        lines += [
+            "",
+            f"Step peak memory: `{s['mem_preset']}` with {s['mem_overrides']}, {s['dtype']}, batch "
+            f"{s['mem_batch']} x {s['mem_seq_len']} tokens; growth of the peak over one forward + backward "
+            "(gradients preallocated, no optimizer step), each side in its own process.",
+            "",
+            "| side | loss | peak growth MiB | x transformers |",
+            "|---|---|---|---|",
+        ]
+        for side, m in step_memory.items():
+            x = m["peak_growth_bytes"] / ref["peak_growth_bytes"] if ref else None
+            lines.append(f"| {side} | {m['loss_impl']} | {m['peak_growth_bytes'] / 2**20:.0f} | {_fmt(x, '.3f')} |")
     tanh = results.get("tanh")
     if tanh:
         lines += ["", "| tanh formulation (fp32, " + str(tanh["shape"]) + ") | eager ms | compiled ms | max rel err |"]
