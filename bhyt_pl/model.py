@@ -7,6 +7,7 @@ hd head width, d hidden size, V vocabulary.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -47,7 +48,10 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 class KVCache:
     """Preallocated keys and values of every layer, each [B, K, max_len, hd].
 
-    Passed explicitly to ``Llama.forward`` (the model keeps no decoding state of its own).
+    Passed explicitly to ``Llama.forward`` (the model keeps no decoding state of its own). Positions
+    are a Python int (attention reads the filled prefix ``0:start+T``) or, for compiled decoding, a
+    0-d integer tensor: then every call has the same shapes (attention reads the whole buffer through
+    a mask), so one compiled graph serves every position.
     """
 
     keys: list[torch.Tensor]
@@ -57,12 +61,34 @@ class KVCache:
     def max_len(self) -> int:
         return self.keys[0].shape[2]
 
-    def update(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write ``k, v`` [B, K, T, hd] at positions ``start:start+T``; return all of ``0:start+T``."""
+    def update(
+        self, layer: int, start: int | torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write ``k, v`` [B, K, T, hd] at positions ``start:start+T``; return all of ``0:start+T``
+        (an int ``start``) or the whole buffers [B, K, max_len, hd] (a tensor ``start``)."""
+        if isinstance(start, torch.Tensor):
+            positions = start + torch.arange(k.shape[2], device=k.device)  # [T]
+            self.keys[layer].index_copy_(2, positions, k)
+            self.values[layer].index_copy_(2, positions, v)
+            return self.keys[layer], self.values[layer]
         end = start + k.shape[2]
         self.keys[layer][:, :, start:end] = k
         self.values[layer][:, :, start:end] = v
         return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
+
+    def attention_mask(
+        self, start: int | torch.Tensor, length: int, device: torch.device
+    ) -> tuple[torch.Tensor | None, bool]:
+        """``(mask, is_causal)`` for ``length`` queries at ``start`` over the keys ``update`` returned:
+        query t sees keys ``0 .. start + t``."""
+        if isinstance(start, torch.Tensor):
+            queries = start + torch.arange(length, device=device)  # [T]
+            return torch.arange(self.max_len, device=device)[None, :] <= queries[:, None], False  # [T, max_len]
+        if start == 0:
+            return None, True
+        if length == 1:
+            return None, False  # one new token sees the whole prefix
+        return torch.ones(length, start + length, dtype=torch.bool, device=device).tril(diagonal=start), False
 
 
 # ----------------------------------------------------------------------------- attention and MLP
@@ -84,7 +110,7 @@ class Attention(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         cache: KVCache | None = None,
-        start_pos: int = 0,
+        start_pos: int | torch.Tensor = 0,
     ) -> torch.Tensor:
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # [B, H, T, hd]
@@ -93,12 +119,8 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         mask, causal = None, True
         if cache is not None:
-            k, v = cache.update(self.layer_idx, start_pos, k, v)  # [B, K, S, hd], S = start_pos + T
-            if start_pos > 0:
-                causal = False
-                if T > 1:  # a chunk after a prefix: token t sees keys 0 .. start_pos + t
-                    S = k.shape[2]
-                    mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(diagonal=start_pos)
+            k, v = cache.update(self.layer_idx, start_pos, k, v)  # [B, K, S, hd]
+            mask, causal = cache.attention_mask(start_pos, T, x.device)
         y = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=self.n_head != self.n_kv_head
         )  # [B, H, T, hd]
@@ -190,15 +212,15 @@ class Llama(nn.Module):
     # alias under the name the spec uses
     refresh_bhyt_constants = refresh_norm_constants
 
-    def rope(self, start_pos: int, length: int, device: torch.device, dtype: torch.dtype):
-        positions = torch.arange(start_pos, start_pos + length, device=device)
+    def rope(self, start_pos: int | torch.Tensor, length: int, device: torch.device, dtype: torch.dtype):
+        positions = start_pos + torch.arange(length, device=device)  # a tensor start_pos keeps shapes static
         return rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, dtype)
 
     def forward(
         self,
         idx: torch.Tensor,
         cache: KVCache | None = None,
-        start_pos: int = 0,
+        start_pos: int | torch.Tensor = 0,
         *,
         labels: torch.Tensor | None = None,
         loss_reduction: str = "mean",
@@ -216,7 +238,7 @@ class Llama(nn.Module):
         root parameter that FSDP2 unshards only during this call.
         """
         B, T = idx.shape
-        if start_pos + T > self.config.max_seq_len:
+        if isinstance(start_pos, int) and start_pos + T > self.config.max_seq_len:
             raise ValueError(
                 f"sequence of {start_pos + T} tokens exceeds max_seq_len={self.config.max_seq_len}; "
                 "raise LlamaConfig.max_seq_len"
@@ -267,6 +289,7 @@ class Llama(nn.Module):
         top_k: int | None = None,
         eos_id: int | None = None,
         generator: torch.Generator | None = None,
+        compile: bool = False,
     ) -> torch.Tensor:
         """Extend ``prompt`` [B, T0] by up to ``max_new_tokens`` tokens with a KV cache.
 
@@ -278,6 +301,10 @@ class Llama(nn.Module):
             eos_id: a row stops at this token (it is kept; later positions repeat it); generation
                 ends when every row has stopped.
             generator: random generator for reproducible sampling.
+            compile: decode with one ``torch.compile``-d step of fixed shapes: a static cache of
+                ``static_cache_len(T0 + max_new_tokens)`` positions and the position as a tensor, so
+                the graph compiled at the first step serves every later position and every later call
+                with the same batch size and cache length. The prompt's prefill runs eager.
 
         Returns:
             [B, T0 + n] token ids, ``n <= max_new_tokens``.
@@ -290,7 +317,8 @@ class Llama(nn.Module):
             raise ValueError(f"top_k must be >= 1 or None, got {top_k}")
         B, T0 = prompt.shape
         total = min(T0 + max_new_tokens, self.config.max_seq_len)
-        cache = self.new_kv_cache(B, total)
+        cache = self.new_kv_cache(B, self.static_cache_len(total) if compile else total)
+        step = _compiled_decode_step() if compile else _decode_step
         tokens = prompt
         done = torch.zeros(B, dtype=torch.bool, device=prompt.device)
         logits = self(prompt, cache, 0)[:, -1]  # prefill, [B, V]
@@ -302,8 +330,26 @@ class Llama(nn.Module):
             tokens = torch.cat([tokens, nxt[:, None]], dim=1)
             if (eos_id is not None and bool(done.all())) or pos + 1 == total:
                 break
-            logits = self(nxt[:, None], cache, pos)[:, -1]  # decode one token
+            # decode one token; compiled, the position is a tensor so its value never specialises the graph
+            logits = step(self, nxt[:, None], torch.tensor(pos, device=prompt.device) if compile else pos, cache)
         return tokens
+
+    def static_cache_len(self, total: int) -> int:
+        """Cache length of compiled decoding for ``total`` tokens: the next power of two (at least 64),
+        at most ``max_seq_len``. Buckets bound the number of compiled graphs to a handful while a short
+        generation does not attend over ``max_seq_len`` masked positions."""
+        return min(self.config.max_seq_len, max(64, 1 << (total - 1).bit_length()))
+
+
+def _decode_step(model: Llama, token: torch.Tensor, pos: int | torch.Tensor, cache: KVCache) -> torch.Tensor:
+    """Logits [B, V] of the next token after ``token`` [B, 1] at position ``pos``."""
+    return model(token, cache, pos)[:, -1]
+
+
+@functools.cache
+def _compiled_decode_step():
+    # made on first use (torch.compile imports dynamo); dynamic=False: a static cache has fixed shapes
+    return torch.compile(_decode_step, dynamic=False, fullgraph=True)
 
 
 def _sample(logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None):
