@@ -7,6 +7,7 @@ import argparse
 import json
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -114,7 +115,8 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         "mem_batch": args.mem_batch,
         "mem_seq_len": args.mem_seq_len,
         "attn_implementation": "sdpa (torch.nn.functional.scaled_dot_product_attention) in both",
-        "compile_path": "torch.compile of each block in place (Block.compile(dynamic=False))",
+        "compile_path": "torch.compile of each block in place (Block.compile(dynamic=False)); generation: "
+        "Llama.generate(compile=True), one compiled decode step over a static cache",
         "inductor_cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
     }
     if args.quick:
@@ -241,23 +243,43 @@ def _train(results, variants: list[Variant], settings, device, dtype, sync) -> N
             results.setdefault("train_step", {})[mode] = throughput_entries(medians, B * T, samples)
 
 
+COMPILED_GENERATION = ("rmsnorm", "bhyt")
+"""Schemes whose compiled decoding is timed (each compiles its own graph, tens of seconds on a CPU)."""
+
+
 def _generate(results, variants: list[Variant], settings, device, dtype, sync) -> None:
     B, P, N = settings["gen_batch"], settings["prompt_len"], settings["new_tokens"]
-    prefill, generate = {}, {}
-    for v in variants:
-        model = build_model(settings["preset"], v, settings["overrides"], device, dtype)
-        prefill[v.label], generate[v.label] = generation_fns(model, B, P, N, model.config.vocab_size)
-        if settings["peers"] and v.label == "rmsnorm":
-            hf = hf_peer(model)
-            prefill[PEER], generate[PEER] = generation_fns(hf, B, P, N, model.config.vocab_size, hf=True)
-    candidates = {f"prefill/{n}": f for n, f in prefill.items()} | {f"generate/{n}": f for n, f in generate.items()}
-    samples = interleaved(candidates, settings["repeats"], warmup=1, sync=sync)
-    t_prefill = {n: median(samples[f"prefill/{n}"]) for n in prefill}
-    t_decode = {n: median(samples[f"generate/{n}"]) - t_prefill[n] for n in generate}
-    results.setdefault("generation", {})["eager"] = {
-        "prefill": throughput_entries(t_prefill, B * P, {n: samples[f"prefill/{n}"] for n in prefill}),
-        "decode": throughput_entries(t_decode, B * (N - 1), {n: samples[f"generate/{n}"] for n in generate}),
-    }
+    for mode, use_compile in _modes(settings).items():
+        prefill, generate, compile_s = {}, {}, {}
+        for v in variants:
+            if use_compile and v.label not in COMPILED_GENERATION:
+                continue
+            model = build_model(settings["preset"], v, settings["overrides"], device, dtype)
+            prefill[v.label], generate[v.label] = generation_fns(
+                model, B, P, N, model.config.vocab_size, compile=use_compile
+            )
+            if use_compile:  # the first call compiles; its excess over a warm call is the compile time
+                sync()
+                start = time.perf_counter()
+                generate[v.label]()
+                sync()
+                compile_s[v.label] = time.perf_counter() - start
+            if settings["peers"] and v.label == "rmsnorm" and not use_compile:
+                hf = hf_peer(model)
+                prefill[PEER], generate[PEER] = generation_fns(hf, B, P, N, model.config.vocab_size, hf=True)
+        if not generate:
+            continue
+        candidates = {f"prefill/{n}": f for n, f in prefill.items()} | {f"generate/{n}": f for n, f in generate.items()}
+        samples = interleaved(candidates, settings["repeats"], warmup=1, sync=sync)
+        t_prefill = {n: median(samples[f"prefill/{n}"]) for n in prefill}
+        t_decode = {n: median(samples[f"generate/{n}"]) - t_prefill[n] for n in generate}
+        entry = {
+            "prefill": throughput_entries(t_prefill, B * P, {n: samples[f"prefill/{n}"] for n in prefill}),
+            "decode": throughput_entries(t_decode, B * (N - 1), {n: samples[f"generate/{n}"] for n in generate}),
+        }
+        if compile_s:
+            entry["compile_s"] = {n: t - median(samples[f"generate/{n}"]) for n, t in compile_s.items()}
+        results.setdefault("generation", {})[mode] = entry
 
 
 def _summary(results: dict[str, Any]) -> dict[str, dict[str, float | None]]:
@@ -302,10 +324,12 @@ def _summary(results: dict[str, Any]) -> dict[str, dict[str, float | None]]:
             "ours": ratio(dec, "bhyt", "peri_ln", "tokens_per_s"),
             "paper": PAPER["generate_bhyt_vs_peri_ln"],
         }
-        out[f"decode {mode}: ours rmsnorm / transformers tokens/s"] = {
-            "ours": ratio(dec, "rmsnorm", PEER, "tokens_per_s"),
-            "paper": None,
-        }
+        peer = results["generation"].get("eager", {}).get("decode", {})
+        if "rmsnorm" in dec and PEER in peer:
+            out[f"decode {mode}: ours rmsnorm / transformers eager tokens/s"] = {
+                "ours": dec["rmsnorm"]["tokens_per_s"] / peer[PEER]["tokens_per_s"],
+                "paper": None,
+            }
     mem = results.get("step_memory", {})
     if "chunked" in mem:
         for other in ("plain", PEER):

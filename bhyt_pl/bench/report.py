@@ -110,6 +110,10 @@ def markdown(results: dict[str, Any]) -> str:
     ]
     for v in labels:
         lines.append(f"| {v} | " + " | ".join(get(v) for _, get in cols) + " |")
+    for mode, parts in results.get("generation", {}).items():
+        if parts.get("compile_s"):
+            times = ", ".join(f"`{n}` {t:.1f} s" for n, t in parts["compile_s"].items())
+            lines += ["", f"Compile time of {mode} generation (first call minus a warm call): {times}."]
     summary = results.get("summary", {})
     if summary:
         lines += ["", "| comparison | ours | paper |", "|---|---|---|"]
