@@ -17,7 +17,7 @@ from bhyt_pl.bench.generation import generation_fns
 from bhyt_pl.bench.memory import STEP_SIDES, saved_activation_bytes, step_peak_memory
 from bhyt_pl.bench.models import build_model, compile_blocks, hf_peer
 from bhyt_pl.bench.report import PAPER, markdown, throughput_entries, time_entries
-from bhyt_pl.bench.sites import block_norms, site_step
+from bhyt_pl.bench.sites import block_norms, memory_bandwidth, site_bytes, site_step
 from bhyt_pl.bench.tanh import tanh_table
 from bhyt_pl.bench.timing import interleaved, machine_info, median, synchronizer
 from bhyt_pl.bench.train_step import train_step
@@ -68,7 +68,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=7, help="interleaved repetitions per measurement")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is steadiest on a shared CPU)")
     p.add_argument("--site-dims", default="1024,2048", help="widths of the norm-site benchmark")
-    p.add_argument("--site-tokens", type=int, default=4096, help="tokens per norm-site call")
+    p.add_argument(
+        "--site-tokens",
+        type=int,
+        default=None,
+        help="tokens per norm-site call (default 4096 on CPU, 32768 on CUDA, where 4096 is launch-bound)",
+    )
     p.add_argument("--gen-batch", type=int, default=1, help="generation batch size")
     p.add_argument("--prompt-len", type=int, default=64, help="generation prompt length")
     p.add_argument("--new-tokens", type=int, default=32, help="tokens generated per prompt")
@@ -104,7 +109,7 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         "repeats": args.repeats,
         "threads": args.threads,
         "site_dims": [int(d) for d in args.site_dims.split(",")],
-        "site_tokens": args.site_tokens,
+        "site_tokens": args.site_tokens or (32768 if args.device.startswith("cuda") else 4096),
         "gen_batch": args.gen_batch,
         "prompt_len": args.prompt_len,
         "new_tokens": args.new_tokens,
@@ -202,12 +207,14 @@ def _run(settings: dict[str, Any], device: torch.device, dtype: torch.dtype) -> 
 
 def _sites(results, variants: list[Variant], settings, device, dtype, sync) -> None:
     timed = "sites" in settings["parts"]
+    if timed:
+        results["bandwidth"] = memory_bandwidth(device)
     for dim in settings["site_dims"]:
         key = f"d{dim}"
         for mode, use_compile in _modes(settings).items():
-            steps = {}
+            steps, site_norms = {}, {}
             for v in variants:
-                norms = block_norms(v, dim, 16, device, dtype)
+                norms = site_norms[v.label] = block_norms(v, dim, 16, device, dtype)
                 step, forward = site_step(norms, settings["site_tokens"], use_compile, device, dtype)
                 steps[v.label] = step
                 if "memory" in settings["parts"] and dim == settings["site_dims"][0]:
@@ -216,7 +223,13 @@ def _sites(results, variants: list[Variant], settings, device, dtype, sync) -> N
                     results.setdefault("memory", {}).setdefault(v.label, {})[f"sites_{key}_{mode}"] = nbytes
             if timed:
                 samples = interleaved(steps, settings["repeats"], warmup=1, sync=sync)
-                results.setdefault("sites", {}).setdefault(key, {})[mode] = time_entries(samples)
+                entries = time_entries(samples)
+                for label, entry in entries.items():  # the roofline: compulsory bytes over time
+                    entry["bytes"] = site_bytes(site_norms[label], settings["site_tokens"], dim, dtype)
+                    entry["bytes_per_s"] = entry["bytes"] / entry["median_s"]
+                    for ref, bw in results["bandwidth"].items():
+                        entry[f"fraction_of_{ref}_bandwidth"] = entry["bytes_per_s"] / bw if bw else None
+                results.setdefault("sites", {}).setdefault(key, {})[mode] = entries
 
 
 def _train(results, variants: list[Variant], settings, device, dtype, sync) -> None:

@@ -119,6 +119,24 @@ def markdown(results: dict[str, Any]) -> str:
         lines += ["", "| comparison | ours | paper |", "|---|---|---|"]
         for name, item in summary.items():
             lines.append(f"| {name} | {_fmt(item.get('ours'), '.3f')} | {_fmt(item.get('paper'), '.3f')} |")
+    bandwidth = results.get("bandwidth")
+    if bandwidth and results.get("sites"):
+        refs = [r for r, bw in bandwidth.items() if bw]
+        described = ", ".join(f"{r} {bandwidth[r] / 1e9:.1f} GB/s" for r in refs)
+        lines += [
+            "",
+            f"Norm-site roofline: compulsory bytes of one block's sites (forward + backward) over the median "
+            f"time, against the memory bandwidth ({described}; copy = `dst.copy_(src)` of 256 MiB in this run).",
+            "",
+            "| scheme | sites | MB moved | GB/s | " + " | ".join(f"x {r} bandwidth" for r in refs) + " |",
+            "|---|---|---|---|" + "---|" * len(refs),
+        ]
+        for key, by_mode in results["sites"].items():
+            for mode, entries in by_mode.items():
+                for label, e in entries.items():
+                    fractions = " | ".join(_fmt(e.get(f"fraction_of_{r}_bandwidth"), ".3f") for r in refs)
+                    moved, rate = e["bytes"] / 1e6, e["bytes_per_s"] / 1e9
+                    lines.append(f"| {label} | {key} {mode} | {moved:.0f} | {rate:.2f} | {fractions} |")
     step_memory = results.get("step_memory")
     if step_memory:
         ref = step_memory.get("hf_transformers")

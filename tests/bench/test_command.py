@@ -37,6 +37,7 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str]:
                 "bhyt",
                 "bhyt:impl=fused",
                 "dyt",
+                "rmsnorm:impl=reference",
                 "--json",
                 str(out),
             ]
@@ -49,7 +50,7 @@ def test_json_has_machine_settings_and_every_scheme(quick_run) -> None:
     results, _ = quick_run
     assert {"cpu", "torch_threads", "torch", "device"} <= set(results["machine"])
     settings = results["settings"]
-    assert settings["schemes"] == ["rmsnorm", "bhyt", "bhyt:impl=fused", "dyt"]  # rmsnorm added first
+    assert settings["schemes"] == ["rmsnorm", "bhyt", "bhyt:impl=fused", "dyt", "rmsnorm:impl=reference"]
     assert settings["repeats"] == 2 and settings["compile"] is False
     assert set(results["sites"]["d64"]["eager"]) == set(settings["schemes"])
     assert set(results["train_step"]["eager"]) == {*settings["schemes"], PEER}
@@ -85,8 +86,23 @@ def test_ratios_are_quotients_of_medians(quick_run) -> None:
 
 def test_fused_sites_save_less_than_reference(quick_run) -> None:
     memory = quick_run[0]["memory"]
-    assert memory["bhyt:impl=fused"]["sites_d64_eager"] <= memory["rmsnorm"]["sites_d64_eager"]
+    # the eager RMSNorm Function (the default) saves the input and rstd only, as BHyT's fused site does
+    assert memory["rmsnorm"]["sites_d64_eager"] < memory["rmsnorm:impl=reference"]["sites_d64_eager"]
+    assert memory["bhyt:impl=fused"]["sites_d64_eager"] <= memory["rmsnorm:impl=reference"]["sites_d64_eager"]
     assert memory["bhyt:impl=fused"]["sites_d64_eager"] < memory["bhyt"]["sites_d64_eager"]
+
+
+def test_sites_roofline_bytes_and_bandwidth(quick_run) -> None:
+    results, printed = quick_run
+    assert results["bandwidth"]["copy"] > 0 and results["bandwidth"]["datasheet"] is None  # CPU
+    sites = results["sites"]["d64"]["eager"]
+    tokens, element = results["settings"]["site_tokens"], 4
+    assert sites["rmsnorm"]["bytes"] == (5 * 2 + 6) * tokens * 64 * element  # two norm sites + the residual add
+    for entry in sites.values():
+        assert entry["fraction_of_copy_bandwidth"] == pytest.approx(
+            entry["bytes"] / entry["median_s"] / results["bandwidth"]["copy"]
+        )
+    assert "Norm-site roofline" in printed
 
 
 def test_markdown_table_printed(quick_run) -> None:
