@@ -15,7 +15,7 @@ import torch
 
 from bhyt_pl.bench.generation import generation_fns
 from bhyt_pl.bench.memory import STEP_SIDES, saved_activation_bytes, step_peak_memory
-from bhyt_pl.bench.models import build_model, compile_blocks, hf_peer
+from bhyt_pl.bench.models import build_model, compile_blocks, hf_peer, litgpt_available, litgpt_peer
 from bhyt_pl.bench.report import PAPER, markdown, throughput_entries, time_entries
 from bhyt_pl.bench.sites import block_norms, memory_bandwidth, site_bytes, site_step
 from bhyt_pl.bench.tanh import tanh_table
@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 
 PARTS = ("sites", "tanh", "train", "generate", "memory", "step_memory")
 PEER = "hf_transformers"
+LITGPT = "litgpt"
+"""The optional training-step peer (litgpt's ``GPT``), timed when litgpt is installed."""
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 QUICK = {
     "preset": "tiny",
@@ -82,7 +84,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--mem-batch", type=int, default=2, help="step_memory: sequences per step")
     p.add_argument("--mem-seq-len", type=int, default=1024, help="step_memory: tokens per sequence")
     p.add_argument("--parts", default=",".join(PARTS), help=f"subset of {','.join(PARTS)}")
-    p.add_argument("--peers", action=argparse.BooleanOptionalAction, default=True, help="include transformers")
+    p.add_argument(
+        "--peers",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="include transformers (and litgpt in the training step, when installed)",
+    )
     p.add_argument("--json", type=Path, default=Path("bench_results.json"), help="where to write the JSON")
     p.add_argument("--quick", action="store_true", help="tiny sizes and 2 repetitions (smoke test)")
     p.add_argument("--dry-run", action="store_true", help="print the resolved settings and exit")
@@ -250,6 +257,9 @@ def _train(results, variants: list[Variant], settings, device, dtype, sync) -> N
             if settings["peers"] and v.label == "rmsnorm" and not use_compile:
                 hf = hf_peer(model)
                 steps[PEER], _ = train_step(hf, B, T, model.config.vocab_size, hf=True)
+            if settings["peers"] and v.label == "rmsnorm" and litgpt_available():
+                peer = litgpt_peer(model, compile=use_compile)
+                steps[LITGPT], _ = train_step(peer, B, T, model.config.vocab_size)
         if timed:
             samples = interleaved(steps, settings["repeats"], warmup=1, sync=sync)
             medians = {n: median(s) for n, s in samples.items()}
@@ -317,6 +327,11 @@ def _summary(results: dict[str, Any]) -> dict[str, dict[str, float | None]]:
         if PEER in peer and "rmsnorm" in entries:
             out[f"train {mode}: ours rmsnorm / transformers eager tokens/s"] = {
                 "ours": entries["rmsnorm"]["tokens_per_s"] / peer[PEER]["tokens_per_s"],
+                "paper": None,
+            }
+        if LITGPT in entries and "rmsnorm" in entries:
+            out[f"train {mode}: ours rmsnorm / litgpt {mode} tokens/s"] = {
+                "ours": entries["rmsnorm"]["tokens_per_s"] / entries[LITGPT]["tokens_per_s"],
                 "paper": None,
             }
     for key, by_mode in results.get("sites", {}).items():

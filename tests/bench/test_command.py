@@ -16,8 +16,9 @@ import pytest
 import torch
 
 from bhyt_pl.bench import gpu, main
-from bhyt_pl.bench.command import PEER
+from bhyt_pl.bench.command import LITGPT, PEER
 from bhyt_pl.bench.memory import measure_step_peak, saved_activation_bytes
+from bhyt_pl.bench.models import build_model, litgpt_available, litgpt_peer
 from bhyt_pl.bench.timing import interleaved
 from bhyt_pl.bench.variants import parse_variant
 
@@ -53,7 +54,8 @@ def test_json_has_machine_settings_and_every_scheme(quick_run) -> None:
     assert settings["schemes"] == ["rmsnorm", "bhyt", "bhyt:impl=fused", "dyt", "rmsnorm:impl=reference"]
     assert settings["repeats"] == 2 and settings["compile"] is False
     assert set(results["sites"]["d64"]["eager"]) == set(settings["schemes"])
-    assert set(results["train_step"]["eager"]) == {*settings["schemes"], PEER}
+    optional = {LITGPT} if litgpt_available() else set()  # an optional peer, timed when installed
+    assert set(results["train_step"]["eager"]) == {*settings["schemes"], PEER, *optional}
     assert set(results["generation"]["eager"]["decode"]) == {*settings["schemes"], PEER}
     for label in settings["schemes"]:
         assert results["memory"][label]["train_step_eager"] > 0
@@ -190,3 +192,13 @@ def test_step_peak_memory_of_the_chunked_loss_is_below_the_plain_loss() -> None:
     assert chunked["loss"] == pytest.approx(plain["loss"], rel=1e-5)
     assert plain["peak_growth_bytes"] > 64 * 2**20
     assert chunked["peak_growth_bytes"] < 0.5 * plain["peak_growth_bytes"]
+
+
+def test_litgpt_peer_computes_our_logits() -> None:
+    pytest.importorskip("litgpt")
+    model = build_model("tiny", parse_variant("rmsnorm"), {"n_layers": 2}, torch.device("cpu"), torch.float32)
+    peer = litgpt_peer(model)
+    idx = torch.randint(0, 8192, (2, 17))
+    with torch.no_grad():
+        torch.testing.assert_close(peer(idx), model(idx), atol=1e-5, rtol=1e-5)
+    assert peer.lm_head.weight is peer.transformer.wte.weight
