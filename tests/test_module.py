@@ -43,6 +43,20 @@ def test_loss_is_shifted_cross_entropy_with_ignore_index() -> None:
     assert n == kept.sum()
 
 
+def test_predict_step_sums_per_token_nll_of_each_sequence() -> None:
+    lm = LlamaLM(overrides=TINY_OVERRIDES, loss_chunk_tokens=5)  # several chunks over 2 x 9 tokens
+    lm.configure_model()
+    ids = torch.randint(0, 64, (2, 9))
+    labels = ids.roll(-1, dims=1)
+    labels[0, :4] = -100
+    with torch.no_grad():
+        out = lm.predict_step({"input_ids": ids, "labels": labels}, 0)
+        logp = torch.log_softmax(lm.model(ids).double(), -1).gather(-1, labels.clamp(min=0)[..., None])[..., 0]
+    expected = -(logp * (labels != -100)).sum(dim=1)
+    torch.testing.assert_close(out["nll"].double(), expected, rtol=1e-5, atol=1e-5)
+    assert out["tokens"].tolist() == [5, 9]
+
+
 def test_cosine_schedule_hand_values() -> None:
     assert cosine_with_warmup(0, 10, 110, 0.1) == pytest.approx(0.1)
     assert cosine_with_warmup(9, 10, 110, 0.1) == pytest.approx(1.0)
