@@ -161,6 +161,21 @@ def linear_cross_entropy(
         raise ValueError(
             f"labels {tuple(labels.shape)} must match the hidden states' leading shape {tuple(hidden.shape[:-1])}"
         )
+    device_type = hidden.device.type
+    if torch.is_autocast_enabled(device_type):
+        # autocast would run the forward's matmuls in its dtype but not the custom backward's: cast both
+        # operands here, as autocast casts F.linear's (the casts are differentiable), and run without it
+        dtype = torch.get_autocast_dtype(device_type)
+        with torch.autocast(device_type, enabled=False):
+            return linear_cross_entropy(
+                hidden.to(dtype),
+                weight.to(dtype),
+                labels,
+                impl=impl,
+                chunk_tokens=chunk_tokens,
+                reduction=reduction,
+                ignore_index=ignore_index,
+            )
     impl = resolve_impl(impl, hidden.device)
     if impl == "liger" and reduction == "none":
         impl = "chunked"  # liger returns reduced losses only

@@ -63,6 +63,19 @@ def test_chunked_matches_plain_in_float32_and_bfloat16() -> None:
             torch.testing.assert_close(a.float(), b.float(), rtol=tol, atol=tol * 1e-1)
 
 
+def test_under_bf16_autocast_matches_plain_logits_loss() -> None:
+    """bf16-mixed training: the loss and float32 weight gradients equal autocast's F.linear + cross-entropy."""
+    h, w, y = _inputs(torch.float32, n=48, d=32, v=300)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = linear_cross_entropy(h, w, y, impl="chunked", chunk_tokens=7)
+        ref = F.cross_entropy(F.linear(h, w).float(), y, ignore_index=-100)
+    got, want = torch.autograd.grad(out.loss, (h, w)), torch.autograd.grad(ref, (h, w))
+    torch.testing.assert_close(out.loss, ref, rtol=1e-3, atol=1e-3)
+    for a, b in zip(got, want):
+        assert a.dtype == torch.float32
+        torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-3)
+
+
 def test_all_labels_ignored_gives_nan_mean_like_cross_entropy() -> None:
     h, w, y = _inputs(torch.float64)
     y[:] = -100
