@@ -294,7 +294,8 @@ def build_parser() -> argparse.ArgumentParser:
         "model.safetensors, the tokenizer files and, for every scheme but plain rmsnorm, generated modeling code "
         "(load it with AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)). A plain rmsnorm model is "
         "written as a stock LlamaForCausalLM.",
-        epilog="Example: python -m bhyt_pl export --ckpt_path runs/tiny-bhyt/version_0/checkpoints/last.ckpt --out tiny-bhyt-hf; "
+        epilog="Example: python -m bhyt_pl export --ckpt_path runs/tiny-bhyt/version_0/checkpoints/last.ckpt "
+        "--out tiny-bhyt-hf; "
         "then lm_eval --model hf --model_args pretrained=tiny-bhyt-hf,trust_remote_code=True --tasks arc_easy",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )

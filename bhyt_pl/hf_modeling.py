@@ -28,7 +28,7 @@ from transformers.cache_utils import DynamicCache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from bhyt_pl.config import LlamaConfig
-from bhyt_pl.model import Llama
+from bhyt_pl.model import Llama, prefix_attention_mask
 
 __all__ = ["BHyTLlamaConfig", "BHyTLlamaForCausalLM", "TransformersCacheView"]
 
@@ -79,6 +79,9 @@ class TransformersCacheView:
 
     def update(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.cache.update(k, v, layer)
+
+    def attention_mask(self, start: int, length: int, device: torch.device) -> tuple[torch.Tensor | None, bool]:
+        return prefix_attention_mask(start, length, device)  # the cache returns exactly the filled positions
 
 
 class BHyTLlamaForCausalLM(PreTrainedModel, GenerationMixin):

@@ -7,6 +7,7 @@ hd head width, d hidden size, V vocabulary.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -19,9 +20,20 @@ from torch.utils.checkpoint import checkpoint
 
 from bhyt_pl.config import LlamaConfig
 from bhyt_pl.init import init_weights
+from bhyt_pl.loss import LossOutput, linear_cross_entropy
 from bhyt_pl.norms import BlockNorms, NormScheme, RMSNorm
 
-__all__ = ["Attention", "Block", "KVCache", "Llama", "MLP", "apply_rope", "rope_cos_sin", "rope_inv_freq"]
+__all__ = [
+    "Attention",
+    "Block",
+    "KVCache",
+    "Llama",
+    "MLP",
+    "apply_rope",
+    "prefix_attention_mask",
+    "rope_cos_sin",
+    "rope_inv_freq",
+]
 
 
 # ----------------------------------------------------------------------------- RoPE
@@ -73,11 +85,24 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 # ----------------------------------------------------------------------------- KV cache
+def prefix_attention_mask(start: int, length: int, device: torch.device) -> tuple[torch.Tensor | None, bool]:
+    """``(mask, is_causal)`` for ``length`` queries at positions ``start..`` over the keys ``0 .. start+length``
+    (a cache that returns exactly the filled positions): query t sees keys ``0 .. start + t``."""
+    if start == 0:
+        return None, True
+    if length == 1:
+        return None, False  # one new token sees the whole prefix
+    return torch.ones(length, start + length, dtype=torch.bool, device=device).tril(diagonal=start), False
+
+
 @dataclass
 class KVCache:
     """Preallocated keys and values of every layer, each [B, K, max_len, hd].
 
-    Passed explicitly to ``Llama.forward`` (the model keeps no decoding state of its own).
+    Passed explicitly to ``Llama.forward`` (the model keeps no decoding state of its own). Positions
+    are a Python int (attention reads the filled prefix ``0:start+T``) or, for compiled decoding, a
+    0-d integer tensor: then every call has the same shapes (attention reads the whole buffer through
+    a mask), so one compiled graph serves every position.
     """
 
     keys: list[torch.Tensor]
@@ -87,12 +112,30 @@ class KVCache:
     def max_len(self) -> int:
         return self.keys[0].shape[2]
 
-    def update(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write ``k, v`` [B, K, T, hd] at positions ``start:start+T``; return all of ``0:start+T``."""
+    def update(
+        self, layer: int, start: int | torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write ``k, v`` [B, K, T, hd] at positions ``start:start+T``; return all of ``0:start+T``
+        (an int ``start``) or the whole buffers [B, K, max_len, hd] (a tensor ``start``)."""
+        if isinstance(start, torch.Tensor):
+            positions = start + torch.arange(k.shape[2], device=k.device)  # [T]
+            self.keys[layer].index_copy_(2, positions, k)
+            self.values[layer].index_copy_(2, positions, v)
+            return self.keys[layer], self.values[layer]
         end = start + k.shape[2]
         self.keys[layer][:, :, start:end] = k
         self.values[layer][:, :, start:end] = v
         return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
+
+    def attention_mask(
+        self, start: int | torch.Tensor, length: int, device: torch.device
+    ) -> tuple[torch.Tensor | None, bool]:
+        """``(mask, is_causal)`` for ``length`` queries at ``start`` over the keys ``update`` returned:
+        query t sees keys ``0 .. start + t``."""
+        if isinstance(start, torch.Tensor):
+            queries = start + torch.arange(length, device=device)  # [T]
+            return torch.arange(self.max_len, device=device)[None, :] <= queries[:, None], False  # [T, max_len]
+        return prefix_attention_mask(start, length, device)
 
 
 # ----------------------------------------------------------------------------- attention and MLP
@@ -122,7 +165,7 @@ class Attention(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         cache: KVCache | None = None,
-        start_pos: int = 0,
+        start_pos: int | torch.Tensor = 0,
     ) -> torch.Tensor:
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # [B, H, T, hd]
@@ -132,12 +175,8 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         mask, causal = None, True
         if cache is not None:
-            k, v = cache.update(self.layer_idx, start_pos, k, v)  # [B, K, S, hd], S = start_pos + T
-            if start_pos > 0:
-                causal = False
-                if T > 1:  # a chunk after a prefix: token t sees keys 0 .. start_pos + t
-                    S = k.shape[2]
-                    mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(diagonal=start_pos)
+            k, v = cache.update(self.layer_idx, start_pos, k, v)  # [B, K, S, hd]
+            mask, causal = cache.attention_mask(start_pos, T, x.device)
         y = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=self.n_head != self.n_kv_head
         )  # [B, H, T, hd]
@@ -208,6 +247,10 @@ class Llama(nn.Module):
         self.lm_head = None if config.tie_embeddings else nn.Linear(config.dim, config.vocab_size, bias=False)
         self.activation_checkpointing = False
         """Recompute each block in backward while training (set by the trainer; not architecture)."""
+        self.loss_impl = "auto"
+        """How ``forward(idx, labels=...)`` computes the loss (``bhyt_pl.loss.LOSS_IMPLS``; set by the trainer)."""
+        self.loss_chunk_tokens: int | None = None
+        """Tokens per chunk of the chunked loss; None sizes chunks from the vocabulary."""
         self.register_load_state_dict_post_hook(_refresh_after_load)
         if not any(p.is_meta for p in self.parameters()):
             self.reset_parameters()
@@ -222,18 +265,33 @@ class Llama(nn.Module):
         for layer in self.layers:
             layer.refresh_norm_constants()
 
-    def rope(self, start_pos: int, length: int, device: torch.device, dtype: torch.dtype):
-        positions = torch.arange(start_pos, start_pos + length, device=device)
+    def rope(self, start_pos: int | torch.Tensor, length: int, device: torch.device, dtype: torch.dtype):
+        positions = start_pos + torch.arange(length, device=device)  # a tensor start_pos keeps shapes static
         return rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, dtype, self.config.rope_scaling)
 
-    def forward(self, idx: torch.Tensor, cache: KVCache | None = None, start_pos: int = 0) -> torch.Tensor:
+    def forward(
+        self,
+        idx: torch.Tensor,
+        cache: KVCache | None = None,
+        start_pos: int | torch.Tensor = 0,
+        *,
+        labels: torch.Tensor | None = None,
+        loss_reduction: str = "mean",
+    ) -> torch.Tensor | LossOutput:
         """Logits [B, T, V], in the parameters' dtype, for token ids ``idx`` [B, T].
 
         With ``cache``, ``idx`` holds the tokens at positions ``start_pos:start_pos+T`` and attends
         to the cached prefix as well.
+
+        With ``labels`` [B, T] (the target of each position, -100 where unsupervised), returns
+        ``LossOutput(loss, tokens)`` instead: the next-token cross-entropy (``loss_reduction``:
+        ``mean``, ``sum`` or per-token ``none``) computed from the final hidden states a chunk at a
+        time (``bhyt_pl.loss``), never holding the whole batch's float32 logits. The loss runs here,
+        inside the root module's forward, because the tied output projection is the embedding, a
+        root parameter that FSDP2 unshards only during this call.
         """
         B, T = idx.shape
-        if start_pos + T > self.config.max_seq_len:
+        if isinstance(start_pos, int) and start_pos + T > self.config.max_seq_len:
             raise ValueError(
                 f"sequence of {start_pos + T} tokens exceeds max_seq_len={self.config.max_seq_len}; "
                 "raise LlamaConfig.max_seq_len"
@@ -245,11 +303,25 @@ class Llama(nn.Module):
                 x = checkpoint(layer, x, cos, sin, use_reentrant=False)
             else:
                 x = layer(x, cos, sin, cache, start_pos)
-        return self.output(self.final_norm(x))
+        x = self.final_norm(x)
+        if labels is not None:
+            return linear_cross_entropy(
+                x,
+                self.output_weight(),
+                labels,
+                impl=self.loss_impl,
+                chunk_tokens=self.loss_chunk_tokens,
+                reduction=loss_reduction,
+            )
+        return self.output(x)
+
+    def output_weight(self) -> torch.Tensor:
+        """The output projection's weight [V, d]: ``lm_head``'s, or the embedding matrix when tied."""
+        return self.lm_head.weight if self.lm_head is not None else self.embed.weight
 
     def output(self, x: torch.Tensor) -> torch.Tensor:
         """Output projection [..., d] -> [..., V] (the embedding matrix when tied)."""
-        return self.lm_head(x) if self.lm_head is not None else F.linear(x, self.embed.weight)
+        return F.linear(x, self.output_weight())
 
     # ------------------------------------------------------------------------- generation
     def new_kv_cache(self, batch_size: int, max_len: int | None = None, dtype: torch.dtype | None = None) -> KVCache:
@@ -271,6 +343,7 @@ class Llama(nn.Module):
         eos_id: int | Sequence[int] | None = None,
         generator: torch.Generator | None = None,
         stop: Callable[[torch.Tensor], bool] | None = None,
+        compile: bool = False,
     ) -> torch.Tensor:
         """Extend ``prompt`` [B, T0] by up to ``max_new_tokens`` tokens with a KV cache.
 
@@ -284,6 +357,10 @@ class Llama(nn.Module):
             generator: random generator for reproducible sampling.
             stop: called with the tokens so far [B, T0 + k] after each new token; generation ends when it
                 returns True (e.g. a stop string in the decoded text, as lm-eval's ``until``).
+            compile: decode with one ``torch.compile``-d step of fixed shapes: a static cache of
+                ``static_cache_len(T0 + max_new_tokens)`` positions and the position as a tensor, so
+                the graph compiled at the first step serves every later position and every later call
+                with the same batch size and cache length. The prompt's prefill runs eager.
 
         Returns:
             [B, T0 + n] token ids, ``n <= max_new_tokens``.
@@ -296,7 +373,8 @@ class Llama(nn.Module):
             raise ValueError(f"top_k must be >= 1 or None, got {top_k}")
         B, T0 = prompt.shape
         total = min(T0 + max_new_tokens, self.config.max_seq_len)
-        cache = self.new_kv_cache(B, total)
+        cache = self.new_kv_cache(B, self.static_cache_len(total) if compile else total)
+        step = _compiled_decode_step() if compile else _decode_step
         tokens = prompt
         done = torch.zeros(B, dtype=torch.bool, device=prompt.device)
         eos_ids = None if eos_id is None else torch.tensor(eos_id, device=prompt.device).reshape(-1)
@@ -309,8 +387,26 @@ class Llama(nn.Module):
             tokens = torch.cat([tokens, nxt[:, None]], dim=1)
             if (eos_ids is not None and bool(done.all())) or pos + 1 == total or (stop is not None and stop(tokens)):
                 break
-            logits = self(nxt[:, None], cache, pos)[:, -1]  # decode one token
+            # decode one token; compiled, the position is a tensor so its value never specialises the graph
+            logits = step(self, nxt[:, None], torch.tensor(pos, device=prompt.device) if compile else pos, cache)
         return tokens
+
+    def static_cache_len(self, total: int) -> int:
+        """Cache length of compiled decoding for ``total`` tokens: the next power of two (at least 64),
+        at most ``max_seq_len``. Buckets bound the number of compiled graphs to a handful while a short
+        generation does not attend over ``max_seq_len`` masked positions."""
+        return min(self.config.max_seq_len, max(64, 1 << (total - 1).bit_length()))
+
+
+def _decode_step(model: Llama, token: torch.Tensor, pos: int | torch.Tensor, cache: KVCache) -> torch.Tensor:
+    """Logits [B, V] of the next token after ``token`` [B, 1] at position ``pos``."""
+    return model(token, cache, pos)[:, -1]
+
+
+@functools.cache
+def _compiled_decode_step():
+    # made on first use (torch.compile imports dynamo); dynamic=False: a static cache has fixed shapes
+    return torch.compile(_decode_step, dynamic=False, fullgraph=True)
 
 
 def _sample(logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None):

@@ -8,12 +8,12 @@ from typing import Any
 
 import lightning as L
 import torch
-import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_warn
 from torchmetrics import MeanMetric
 
 from bhyt_pl.checkpoint import checkpoint_entry
 from bhyt_pl.config import LlamaConfig
+from bhyt_pl.loss import LOSS_IMPLS
 from bhyt_pl.model import Llama
 from bhyt_pl.norms import NormScheme
 from bhyt_pl.optim import cosine_with_warmup, parameter_groups
@@ -73,6 +73,11 @@ class LlamaLM(L.LightningModule):
         activation_checkpointing: recompute each block's activations in backward instead of storing them.
         fsdp_mixed_precision: under FSDP2 (``ModelParallelStrategy``), keep bf16 copies of the parameters
             for compute and reduce gradients in float32 (use with ``precision: 32-true``; GPU).
+        loss_impl: how the loss is computed from the final hidden states (``bhyt_pl.loss``): ``chunked``
+            (a chunk of tokens at a time, never the whole batch's float32 logits), ``liger`` (liger-kernel's
+            fused kernel; CUDA, ``pip install liger-kernel``), ``plain`` (full logits, the reference) or
+            ``auto`` (``liger`` on CUDA when installed, else ``chunked``).
+        loss_chunk_tokens: tokens per chunk of the chunked loss; None sizes chunks to about 2^25 logits.
     """
 
     def __init__(
@@ -94,9 +99,15 @@ class LlamaLM(L.LightningModule):
         compile: bool = False,
         activation_checkpointing: bool = False,
         fsdp_mixed_precision: bool = False,
+        loss_impl: str = "auto",
+        loss_chunk_tokens: int | None = None,
     ) -> None:
         super().__init__()
         problems = []
+        if loss_impl not in LOSS_IMPLS:
+            problems.append(f"loss_impl must be one of {', '.join(LOSS_IMPLS)}; got {loss_impl!r}")
+        if loss_chunk_tokens is not None and loss_chunk_tokens < 1:
+            problems.append(f"loss_chunk_tokens must be >= 1 or null, got {loss_chunk_tokens}")
         if not lr > 0:
             problems.append(f"lr must be > 0, got {lr}")
         if not 0 <= min_lr_ratio <= 1:
@@ -180,6 +191,8 @@ class LlamaLM(L.LightningModule):
             with torch.device("meta"):
                 model = Llama(self.config)
         model.activation_checkpointing = self.hparams.activation_checkpointing
+        model.loss_impl = self.hparams.loss_impl
+        model.loss_chunk_tokens = self.hparams.loss_chunk_tokens
         if self.hparams.compile:
             for layer in model.layers:
                 layer.compile()  # in place: state-dict keys stay unprefixed
@@ -248,18 +261,21 @@ class LlamaLM(L.LightningModule):
             self.model.refresh_norm_constants()
 
     # ------------------------------------------------------------------ steps
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids)
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None, **kwargs: Any):
+        """Logits [B, T, V]; with ``labels``, ``LossOutput(loss, tokens)`` from the chunked loss (``Llama.forward``)."""
+        if labels is None:
+            return self.model(input_ids, **kwargs)
+        return self.model(input_ids, labels=labels, **kwargs)
 
     def compute_loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean next-token cross-entropy over supervised positions, and their count.
 
         ``batch["labels"][:, t]`` is the target at position t; -100 marks unsupervised positions.
+        Computed inside the model's forward from the final hidden states (``loss_impl``), so the batch's
+        float32 logits never exist; a subclass that needs logits can call ``self(input_ids)``.
         """
-        logits = self(batch["input_ids"])  # [B, T, V]
-        labels = batch["labels"]
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
-        return loss, (labels != -100).sum()
+        out = self(batch["input_ids"], labels=batch["labels"])
+        return out.loss, out.tokens
 
     def _update_flops(self, batch: dict[str, torch.Tensor]) -> None:
         shape = tuple(batch["input_ids"].shape)
@@ -301,9 +317,8 @@ class LlamaLM(L.LightningModule):
 
     def predict_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> dict[str, torch.Tensor]:
         """Per-sequence summed negative log-likelihood and supervised token count (document scoring)."""
-        logits = self(batch["input_ids"]).float()
         labels = batch["labels"]
-        nll = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100, reduction="none")  # [B, T]
+        nll = self(batch["input_ids"], labels=labels, loss_reduction="none").loss  # [B, T], 0 where unsupervised
         return {"nll": nll.sum(dim=1), "tokens": (labels != -100).sum(dim=1)}
 
     # ------------------------------------------------------------------ optimisation

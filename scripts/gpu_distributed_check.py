@@ -1,15 +1,21 @@
 """GPU check for the distributed paths (prepared; run it whenever CUDA GPUs are available).
 
-A few training steps of ``llama-374m`` with each norm scheme under bf16 mixed precision with FSDP1
-(FullyShardedDataParallel, per-Block units) and FSDP2 (fully_shard per block, then the root), eager
-and with ``torch.compile`` per block; prints tokens/s, MFU and peak memory per configuration.
+1. The chunked loss under FSDP2: ``Llama.forward(idx, labels=...)`` against the plain loss of full
+   logits on the same sharded model and batch (the printed difference should be ~1e-3 in bf16).
+2. MFU of the training step for ``llama-374m`` and ``llama-1b`` (``--mfu-presets``): rmsnorm, FSDP2,
+   bf16 parameters, compiled blocks, the loss inside the model's forward (chunked, or liger-kernel when
+   installed), ``--mfu-batch`` x ``--mfu-seq-len`` tokens per GPU. Target: >= 45 % at llama-1b on one H200.
+3. A few training steps of ``llama-374m`` with each norm scheme under bf16 mixed precision with FSDP1
+   (FullyShardedDataParallel, per-Block units) and FSDP2 (fully_shard per block, then the root), eager
+   and with ``torch.compile`` per block; prints tokens/s, MFU and peak memory per configuration.
 
     torchrun --standalone --nproc_per_node $(nvidia-smi -L | wc -l) scripts/gpu_distributed_check.py
     # on this CPU, to check the script itself (FSDP2 only; FSDP1 refuses CPU):
     python -m torch.distributed.run --standalone --nproc_per_node 2 scripts/gpu_distributed_check.py \
         --device cpu --preset tiny --seq-len 128 --batch 2 --steps 2 --compile-schemes none
 
-Stays under about 8 minutes on one H200 with the defaults (--budget-minutes stops early, saying so).
+Stays under 8 minutes on one H200 with the defaults: parts 1-2 take about 2 minutes, part 3 stops at
+--budget-minutes (6.5, counted from the start; a row takes well under a minute), skipping what is left and saying so.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import torch.nn.functional as F
 
 from bhyt_pl import Llama, LlamaConfig, parameter_groups
 from bhyt_pl.callbacks.throughput import peak_flops_for
+from bhyt_pl.loss import resolve_impl
 from bhyt_pl.model import Block
 from bhyt_pl.module import training_flops_per_token
 from bhyt_pl.parallelize import shard_model
@@ -32,13 +39,14 @@ from bhyt_pl.parallelize import shard_model
 SCHEMES = ["rmsnorm", "layernorm", "dyt", "bhyt", "bhyt_exact", "peri_ln", "lns"]
 
 
-def model_config(args, norm: str) -> LlamaConfig:
+def model_config(args, norm: str, preset: str | None = None, seq_len: int | None = None) -> LlamaConfig:
     """The preset with ``norm``, bound to this run's sequence length (BHyT's T)."""
-    return LlamaConfig.from_name(args.preset, norm=norm).bind(seq_len=args.seq_len)
+    return LlamaConfig.from_name(preset or args.preset, norm=norm).bind(seq_len=seq_len or args.seq_len)
 
 
-def build(args, norm: str, strategy: str, compiled: bool, device: torch.device):
-    config = model_config(args, norm)
+def build(args, norm: str, strategy: str, compiled: bool, device: torch.device, preset: str | None = None):
+    seq_len = args.seq_len if preset is None else args.mfu_seq_len
+    config = model_config(args, norm, preset, seq_len)
     bf16 = device.type == "cuda"
     if strategy == "fsdp1":
         from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision
@@ -74,16 +82,26 @@ def build(args, norm: str, strategy: str, compiled: bool, device: torch.device):
     return model, config
 
 
-def measure(args, norm: str, strategy: str, compiled: bool, device: torch.device, peak: float | None) -> dict:
+def measure(
+    args,
+    norm: str,
+    strategy: str,
+    compiled: bool,
+    device: torch.device,
+    peak: float | None,
+    preset: str | None = None,
+) -> dict:
+    """Tokens/s, MFU and peak memory of ``args.steps`` AdamW steps; ``preset`` selects the MFU shapes."""
     torch.manual_seed(0)
-    model, config = build(args, norm, strategy, compiled, device)
+    batch, seq_len = (args.batch, args.seq_len) if preset is None else (args.mfu_batch, args.mfu_seq_len)
+    model, config = build(args, norm, strategy, compiled, device, preset)
     opt = torch.optim.AdamW(parameter_groups(model, 0.1), lr=1e-4)
-    ids = torch.randint(0, config.vocab_size, (args.batch, args.seq_len + 1), device=device)
+    ids = torch.randint(0, config.vocab_size, (batch, seq_len + 1), device=device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
 
     def step(model, opt) -> torch.Tensor:
-        loss = F.cross_entropy(model(ids[:, :-1]).flatten(0, 1).float(), ids[:, 1:].flatten())
+        loss = model(ids[:, :-1], labels=ids[:, 1:]).loss  # the training path: the loss inside forward
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -98,18 +116,32 @@ def measure(args, norm: str, strategy: str, compiled: bool, device: torch.device
         loss = step(model, opt)
     sync()
     elapsed = time.perf_counter() - start
-    tokens = args.batch * args.seq_len * args.steps * dist.get_world_size()
-    flops = tokens * training_flops_per_token(config, args.seq_len)
+    tokens = batch * seq_len * args.steps * dist.get_world_size()
+    flops = tokens * training_flops_per_token(config, seq_len)
     result = {
         "tokens_per_sec": tokens / elapsed,
         "mfu": flops / elapsed / (peak * dist.get_world_size()) if peak else float("nan"),
         "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan"),
-        "loss": float(loss),
+        "loss": float(loss.detach()),
     }
     del model, opt
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return result
+
+
+def loss_check(args, device: torch.device) -> float:
+    """Largest |chunked - plain| loss of one FSDP2-sharded model on one batch (both inside the root's forward)."""
+    torch.manual_seed(0)
+    model, config = build(args, "rmsnorm", "fsdp2", False, device)
+    ids = torch.randint(0, config.vocab_size, (2, min(args.seq_len, 512) + 1), device=device)
+    with torch.no_grad():
+        chunked = model(ids[:, :-1], labels=ids[:, 1:]).loss
+        model.loss_impl = "plain"
+        plain = model(ids[:, :-1], labels=ids[:, 1:]).loss
+        reference = F.cross_entropy(model(ids[:, :-1]).flatten(0, 1).float(), ids[:, 1:].flatten())
+    del model
+    return max(abs(float(chunked - plain)), abs(float(chunked - reference)))
 
 
 def main() -> None:
@@ -124,7 +156,10 @@ def main() -> None:
     p.add_argument("--schemes", default=",".join(SCHEMES))
     p.add_argument("--compile-schemes", default="rmsnorm,bhyt", help="also compiled for these ('none': no compile)")
     p.add_argument("--peak-tflops", type=float, default=None, help="bf16 dense peak per GPU (default: from the table)")
-    p.add_argument("--budget-minutes", type=float, default=7.5)
+    p.add_argument("--budget-minutes", type=float, default=6.5, help="start no new row of part 3 after this")
+    p.add_argument("--mfu-presets", default="llama-374m,llama-1b", help="MFU rows (rmsnorm, FSDP2, compiled); 'none'")
+    p.add_argument("--mfu-batch", type=int, default=8, help="sequences per GPU of the MFU rows")
+    p.add_argument("--mfu-seq-len", type=int, default=2048, help="tokens per sequence of the MFU rows")
     args = p.parse_args()
 
     dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
@@ -146,10 +181,21 @@ def main() -> None:
         f"bf16={device.type == 'cuda'}, torch {torch.__version__}, "
         f"peak {peak / 1e12 if peak else float('nan'):.0f} TFLOP/s"
     )
-    say("| strategy | scheme | compile | tokens/s | MFU | peak GiB | loss |")
+    deadline = time.monotonic() + args.budget_minutes * 60
+    say(f"loss implementation (loss_impl='auto'): {resolve_impl('auto', device)}")
+    say(f"chunked loss under FSDP2 vs the plain loss of full logits: |difference| = {loss_check(args, device):.2e}")
+    if args.mfu_presets != "none":
+        say("\n| MFU: preset | batch x seq per GPU | tokens/s | MFU | peak GiB | loss |  (target >= 45 % at llama-1b)")
+        say("|---|---|---|---|---|---|")
+        for preset in args.mfu_presets.split(","):
+            r = measure(args, "rmsnorm", "fsdp2", device.type == "cuda", device, peak, preset=preset)
+            say(
+                f"| {preset} | {args.mfu_batch} x {args.mfu_seq_len} | {r['tokens_per_sec']:,.0f} | {r['mfu']:.1%} | "
+                f"{r['peak_mem_gib']:.1f} | {r['loss']:.3f} |"
+            )
+    say("\n| strategy | scheme | compile | tokens/s | MFU | peak GiB | loss |")
     say("|---|---|---|---|---|---|---|")
     compiled_for = set() if args.compile_schemes == "none" else set(args.compile_schemes.split(","))
-    deadline = time.monotonic() + args.budget_minutes * 60
     for strategy in args.strategies.split(","):
         for norm in args.schemes.split(","):
             for compiled in (False, True) if norm in compiled_for else (False,):

@@ -193,6 +193,18 @@ def test_every_norm_scheme_trains_under_fsdp2(tmp_path) -> None:
             torch.testing.assert_close(rank_c, r["single_c"], atol=1e-9, rtol=1e-6, msg=norm)
 
 
+def test_chunked_loss_inside_forward_under_fsdp2(tmp_path) -> None:
+    """Llama.forward(idx, labels=...) sharded over 2 ranks: losses and gathered gradients equal the plain
+    loss of full logits in one process (the tied embedding is read inside the root's forward)."""
+    job = ROOT / "tests" / "distributed_jobs" / "fsdp2_chunked_loss.py"
+    run(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(job), str(tmp_path)])
+    r = torch.load(tmp_path / "fsdp2_chunked_loss.pt")
+    torch.testing.assert_close(r["sharded_losses"], r["single_losses"], atol=1e-6, rtol=1e-6)
+    assert set(r["sharded_grads"]) == set(r["single_grads"])
+    for name, grad in r["single_grads"].items():
+        torch.testing.assert_close(r["sharded_grads"][name], grad, atol=1e-6, rtol=1e-5, msg=name)
+
+
 def test_sigkill_then_resume_from_last_is_identical_in_one_process(tmp_path) -> None:
     extra = ["--data.init_args.seq_len", "32", "--data.init_args.batch_size", "4"]
     full = records(_fit(tmp_path, "full", steps=8, extra=extra))[0]  # the recipe's embedded C4

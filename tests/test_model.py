@@ -261,3 +261,38 @@ def test_compile_fullgraph(norms: list[str], backend: str) -> None:
         (grad,) = torch.autograd.grad(out.square().sum(), [x])
         (ref,) = torch.autograd.grad(block(x, cos, sin).square().sum(), [x])
         torch.testing.assert_close(grad, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_static_cache_with_tensor_positions_matches_full_forward() -> None:
+    """The fixed-shape path of compiled decoding, run eager: tensor positions, the whole buffer read
+    through a mask (a prefill chunk, a chunk after a prefix, then single tokens)."""
+    model = Llama(_small("bhyt")).eval()
+    idx = torch.randint(0, 97, (2, 20))
+    with torch.no_grad():
+        full = model(idx)
+        cache = model.new_kv_cache(2, 32)
+        pieces = [model(idx[:, :8], cache, torch.tensor(0)), model(idx[:, 8:12], cache, torch.tensor(8))]
+        for t in range(12, 20):
+            pieces.append(model(idx[:, t : t + 1], cache, torch.tensor(t)))
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, atol=1e-5, rtol=1e-5)
+    assert [model.static_cache_len(n) for n in (1, 64, 65, 100)] == [64, 64, 64, 64]  # max_seq_len 64
+    assert Llama(_small(max_seq_len=1024)).static_cache_len(129) == 256
+
+
+@pytest.mark.slow
+def test_compiled_generate_equals_eager_without_recompiling() -> None:
+    """generate(compile=True): one graph for every decode position and for a second call with another
+    prompt length in the same cache bucket (dynamo's counters), and the same greedy tokens as eager."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    model = Llama(_small("bhyt", n_layers=1)).eval()
+    prompt = torch.randint(0, 97, (2, 5))
+    counters.clear()
+    out = model.generate(prompt, max_new_tokens=12, compile=True)
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["recompiles"]
+    assert counters["stats"]["calls_captured"] > 0 and not counters["graph_break"]
+    assert torch.equal(out, model.generate(prompt, max_new_tokens=12))
+    longer = model.generate(prompt[:, :3], max_new_tokens=20, compile=True)  # 23 tokens: the same 64 bucket
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["recompiles"]
+    assert torch.equal(longer, model.generate(prompt[:, :3], max_new_tokens=20))

@@ -7,16 +7,17 @@ import argparse
 import json
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from bhyt_pl.bench.generation import generation_fns
-from bhyt_pl.bench.memory import saved_activation_bytes
-from bhyt_pl.bench.models import build_model, compile_blocks, hf_peer
+from bhyt_pl.bench.memory import STEP_SIDES, saved_activation_bytes, step_peak_memory
+from bhyt_pl.bench.models import build_model, compile_blocks, hf_peer, litgpt_available, litgpt_peer
 from bhyt_pl.bench.report import PAPER, markdown, throughput_entries, time_entries
-from bhyt_pl.bench.sites import block_norms, site_step
+from bhyt_pl.bench.sites import block_norms, memory_bandwidth, site_bytes, site_step
 from bhyt_pl.bench.tanh import tanh_table
 from bhyt_pl.bench.timing import interleaved, machine_info, median, synchronizer
 from bhyt_pl.bench.train_step import train_step
@@ -26,8 +27,10 @@ __all__ = ["PARTS", "PEER", "main", "parser", "run"]
 
 log = logging.getLogger(__name__)
 
-PARTS = ("sites", "tanh", "train", "generate", "memory")
+PARTS = ("sites", "tanh", "train", "generate", "memory", "step_memory")
 PEER = "hf_transformers"
+LITGPT = "litgpt"
+"""The optional training-step peer (litgpt's ``GPT``), timed when litgpt is installed."""
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 QUICK = {
     "preset": "tiny",
@@ -39,6 +42,10 @@ QUICK = {
     "prompt_len": 8,
     "new_tokens": 4,
     "repeats": 2,
+    "mem_preset": "tiny",
+    "mem_overrides": {"n_layers": 1, "dim": 64, "n_heads": 4, "n_kv_heads": 2, "mlp_dim": 128, "vocab_size": 4096},
+    "mem_batch": 2,
+    "mem_seq_len": 64,
 }
 
 
@@ -63,12 +70,26 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=7, help="interleaved repetitions per measurement")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is steadiest on a shared CPU)")
     p.add_argument("--site-dims", default="1024,2048", help="widths of the norm-site benchmark")
-    p.add_argument("--site-tokens", type=int, default=4096, help="tokens per norm-site call")
+    p.add_argument(
+        "--site-tokens",
+        type=int,
+        default=None,
+        help="tokens per norm-site call (default 4096 on CPU, 32768 on CUDA, where 4096 is launch-bound)",
+    )
     p.add_argument("--gen-batch", type=int, default=1, help="generation batch size")
     p.add_argument("--prompt-len", type=int, default=64, help="generation prompt length")
     p.add_argument("--new-tokens", type=int, default=32, help="tokens generated per prompt")
+    p.add_argument("--mem-preset", default="llama-374m", help="step_memory: model preset (paper vocabulary 128256)")
+    p.add_argument("--mem-layers", type=int, default=2, help="step_memory: the preset cut to this many layers")
+    p.add_argument("--mem-batch", type=int, default=2, help="step_memory: sequences per step")
+    p.add_argument("--mem-seq-len", type=int, default=1024, help="step_memory: tokens per sequence")
     p.add_argument("--parts", default=",".join(PARTS), help=f"subset of {','.join(PARTS)}")
-    p.add_argument("--peers", action=argparse.BooleanOptionalAction, default=True, help="include transformers")
+    p.add_argument(
+        "--peers",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="include transformers (and litgpt in the training step, when installed)",
+    )
     p.add_argument("--json", type=Path, default=Path("bench_results.json"), help="where to write the JSON")
     p.add_argument("--quick", action="store_true", help="tiny sizes and 2 repetitions (smoke test)")
     p.add_argument("--dry-run", action="store_true", help="print the resolved settings and exit")
@@ -95,14 +116,19 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         "repeats": args.repeats,
         "threads": args.threads,
         "site_dims": [int(d) for d in args.site_dims.split(",")],
-        "site_tokens": args.site_tokens,
+        "site_tokens": args.site_tokens or (32768 if args.device.startswith("cuda") else 4096),
         "gen_batch": args.gen_batch,
         "prompt_len": args.prompt_len,
         "new_tokens": args.new_tokens,
         "parts": parts,
         "peers": args.peers,
+        "mem_preset": args.mem_preset,
+        "mem_overrides": {"n_layers": args.mem_layers},
+        "mem_batch": args.mem_batch,
+        "mem_seq_len": args.mem_seq_len,
         "attn_implementation": "sdpa (torch.nn.functional.scaled_dot_product_attention) in both",
-        "compile_path": "torch.compile of each block in place (Block.compile(dynamic=False))",
+        "compile_path": "torch.compile of each block in place (Block.compile(dynamic=False)); generation: "
+        "Llama.generate(compile=True), one compiled decode step over a static cache",
         "inductor_cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
     }
     if args.quick:
@@ -170,18 +196,32 @@ def _run(settings: dict[str, Any], device: torch.device, dtype: torch.dtype) -> 
         _train(results, variants, settings, device, dtype, sync)
     if "generate" in parts:
         _generate(results, variants, settings, device, dtype, sync)
+    if "step_memory" in parts:
+        sides = STEP_SIDES if settings["peers"] else STEP_SIDES[:2]
+        results["step_memory"] = step_peak_memory(
+            sides,
+            settings["mem_preset"],
+            settings["mem_overrides"],
+            settings["mem_batch"],
+            settings["mem_seq_len"],
+            settings["dtype"],
+            settings["device"],
+            settings["threads"],
+        )
     results["summary"] = _summary(results)
     return results
 
 
 def _sites(results, variants: list[Variant], settings, device, dtype, sync) -> None:
     timed = "sites" in settings["parts"]
+    if timed:
+        results["bandwidth"] = memory_bandwidth(device)
     for dim in settings["site_dims"]:
         key = f"d{dim}"
         for mode, use_compile in _modes(settings).items():
-            steps = {}
+            steps, site_norms = {}, {}
             for v in variants:
-                norms = block_norms(v, dim, 16, device, dtype, settings["seq_len"])
+                norms = site_norms[v.label] = block_norms(v, dim, 16, device, dtype, settings["seq_len"])
                 step, forward = site_step(norms, settings["site_tokens"], use_compile, device, dtype, dim)
                 steps[v.label] = step
                 if "memory" in settings["parts"] and dim == settings["site_dims"][0]:
@@ -190,7 +230,13 @@ def _sites(results, variants: list[Variant], settings, device, dtype, sync) -> N
                     results.setdefault("memory", {}).setdefault(v.label, {})[f"sites_{key}_{mode}"] = nbytes
             if timed:
                 samples = interleaved(steps, settings["repeats"], warmup=1, sync=sync)
-                results.setdefault("sites", {}).setdefault(key, {})[mode] = time_entries(samples)
+                entries = time_entries(samples)
+                for label, entry in entries.items():  # the roofline: compulsory bytes over time
+                    entry["bytes"] = site_bytes(site_norms[label], settings["site_tokens"], dim, dtype)
+                    entry["bytes_per_s"] = entry["bytes"] / entry["median_s"]
+                    for ref, bw in results["bandwidth"].items():
+                        entry[f"fraction_of_{ref}_bandwidth"] = entry["bytes_per_s"] / bw if bw else None
+                results.setdefault("sites", {}).setdefault(key, {})[mode] = entries
 
 
 def _train(results, variants: list[Variant], settings, device, dtype, sync) -> None:
@@ -211,29 +257,52 @@ def _train(results, variants: list[Variant], settings, device, dtype, sync) -> N
             if settings["peers"] and v.label == "rmsnorm" and not use_compile:
                 hf = hf_peer(model)
                 steps[PEER], _ = train_step(hf, B, T, model.config.vocab_size, hf=True)
+            if settings["peers"] and v.label == "rmsnorm" and litgpt_available():
+                peer = litgpt_peer(model, compile=use_compile)
+                steps[LITGPT], _ = train_step(peer, B, T, model.config.vocab_size)
         if timed:
             samples = interleaved(steps, settings["repeats"], warmup=1, sync=sync)
             medians = {n: median(s) for n, s in samples.items()}
             results.setdefault("train_step", {})[mode] = throughput_entries(medians, B * T, samples)
 
 
+COMPILED_GENERATION = ("rmsnorm", "bhyt")
+"""Schemes whose compiled decoding is timed (each compiles its own graph, tens of seconds on a CPU)."""
+
+
 def _generate(results, variants: list[Variant], settings, device, dtype, sync) -> None:
     B, P, N = settings["gen_batch"], settings["prompt_len"], settings["new_tokens"]
-    prefill, generate = {}, {}
-    for v in variants:
-        model = build_model(settings["preset"], v, settings["overrides"], device, dtype, settings["seq_len"])
-        prefill[v.label], generate[v.label] = generation_fns(model, B, P, N, model.config.vocab_size)
-        if settings["peers"] and v.label == "rmsnorm":
-            hf = hf_peer(model)
-            prefill[PEER], generate[PEER] = generation_fns(hf, B, P, N, model.config.vocab_size, hf=True)
-    candidates = {f"prefill/{n}": f for n, f in prefill.items()} | {f"generate/{n}": f for n, f in generate.items()}
-    samples = interleaved(candidates, settings["repeats"], warmup=1, sync=sync)
-    t_prefill = {n: median(samples[f"prefill/{n}"]) for n in prefill}
-    t_decode = {n: median(samples[f"generate/{n}"]) - t_prefill[n] for n in generate}
-    results.setdefault("generation", {})["eager"] = {
-        "prefill": throughput_entries(t_prefill, B * P, {n: samples[f"prefill/{n}"] for n in prefill}),
-        "decode": throughput_entries(t_decode, B * (N - 1), {n: samples[f"generate/{n}"] for n in generate}),
-    }
+    for mode, use_compile in _modes(settings).items():
+        prefill, generate, compile_s = {}, {}, {}
+        for v in variants:
+            if use_compile and v.label not in COMPILED_GENERATION:
+                continue
+            model = build_model(settings["preset"], v, settings["overrides"], device, dtype, settings["seq_len"])
+            prefill[v.label], generate[v.label] = generation_fns(
+                model, B, P, N, model.config.vocab_size, compile=use_compile
+            )
+            if use_compile:  # the first call compiles; its excess over a warm call is the compile time
+                sync()
+                start = time.perf_counter()
+                generate[v.label]()
+                sync()
+                compile_s[v.label] = time.perf_counter() - start
+            if settings["peers"] and v.label == "rmsnorm" and not use_compile:
+                hf = hf_peer(model)
+                prefill[PEER], generate[PEER] = generation_fns(hf, B, P, N, model.config.vocab_size, hf=True)
+        if not generate:
+            continue
+        candidates = {f"prefill/{n}": f for n, f in prefill.items()} | {f"generate/{n}": f for n, f in generate.items()}
+        samples = interleaved(candidates, settings["repeats"], warmup=1, sync=sync)
+        t_prefill = {n: median(samples[f"prefill/{n}"]) for n in prefill}
+        t_decode = {n: median(samples[f"generate/{n}"]) - t_prefill[n] for n in generate}
+        entry = {
+            "prefill": throughput_entries(t_prefill, B * P, {n: samples[f"prefill/{n}"] for n in prefill}),
+            "decode": throughput_entries(t_decode, B * (N - 1), {n: samples[f"generate/{n}"] for n in generate}),
+        }
+        if compile_s:
+            entry["compile_s"] = {n: t - median(samples[f"generate/{n}"]) for n, t in compile_s.items()}
+        results.setdefault("generation", {})[mode] = entry
 
 
 def _summary(results: dict[str, Any]) -> dict[str, dict[str, float | None]]:
@@ -260,6 +329,11 @@ def _summary(results: dict[str, Any]) -> dict[str, dict[str, float | None]]:
                 "ours": entries["rmsnorm"]["tokens_per_s"] / peer[PEER]["tokens_per_s"],
                 "paper": None,
             }
+        if LITGPT in entries and "rmsnorm" in entries:
+            out[f"train {mode}: ours rmsnorm / litgpt {mode} tokens/s"] = {
+                "ours": entries["rmsnorm"]["tokens_per_s"] / entries[LITGPT]["tokens_per_s"],
+                "paper": None,
+            }
     for key, by_mode in results.get("sites", {}).items():
         for mode, entries in by_mode.items():
             out[f"sites {key} {mode}: bhyt_exact / bhyt time"] = {
@@ -278,10 +352,20 @@ def _summary(results: dict[str, Any]) -> dict[str, dict[str, float | None]]:
             "ours": ratio(dec, "bhyt", "peri_ln", "tokens_per_s"),
             "paper": PAPER["generate_bhyt_vs_peri_ln"],
         }
-        out[f"decode {mode}: ours rmsnorm / transformers tokens/s"] = {
-            "ours": ratio(dec, "rmsnorm", PEER, "tokens_per_s"),
-            "paper": None,
-        }
+        peer = results["generation"].get("eager", {}).get("decode", {})
+        if "rmsnorm" in dec and PEER in peer:
+            out[f"decode {mode}: ours rmsnorm / transformers eager tokens/s"] = {
+                "ours": dec["rmsnorm"]["tokens_per_s"] / peer[PEER]["tokens_per_s"],
+                "paper": None,
+            }
+    mem = results.get("step_memory", {})
+    if "chunked" in mem:
+        for other in ("plain", PEER):
+            if other in mem:
+                out[f"step peak memory growth: ours chunked / {other}"] = {
+                    "ours": mem["chunked"]["peak_growth_bytes"] / mem[other]["peak_growth_bytes"],
+                    "target": 0.55 if other == PEER else None,
+                }
     for item in out.values():
         item.setdefault("paper", None)
     return out

@@ -2,8 +2,10 @@
 
 The same command as on the CPU, with the settings of the paper's model: ``llama-374m`` in bfloat16,
 eager and compiled, sequences of 1024 tokens, the five schemes of the paper's comparison plus
-BHyT*. Sized to finish in under 8 minutes on an H100/H200-class GPU with a cold inductor cache;
-extra arguments are passed through (``--dry-run`` prints the settings without a GPU).
+BHyT*; norm sites at 32k tokens (at 4k a site is launch-bound) with the bandwidth roofline;
+generation eager and compiled (static cache). Sized for about 5 minutes on an H100/H200-class GPU
+with a cold inductor cache (``scripts/gpu_bench.sh`` adds the llama-1b step-memory part); extra
+arguments are passed through (``--dry-run`` prints the settings without a GPU).
 """
 
 from __future__ import annotations
@@ -19,12 +21,12 @@ GPU_ARGS = [
     "--dtype", "bfloat16",
     "--compile",
     "--preset", "llama-374m",
-    "--schemes", "rmsnorm", "bhyt", "bhyt:impl=reference", "bhyt_exact", "dyt", "peri_ln",
+    "--schemes", "rmsnorm", "rmsnorm:impl=reference", "bhyt", "bhyt:impl=reference", "bhyt_exact", "dyt", "peri_ln",
     "--seq-len", "1024",
     "--batch", "8",
-    "--repeats", "10",
+    "--repeats", "7",
     "--site-dims", "1024,2048",
-    "--site-tokens", "4096",
+    "--site-tokens", "32768",
     "--gen-batch", "1",
     "--prompt-len", "128",
     "--new-tokens", "128",

@@ -110,11 +110,48 @@ def markdown(results: dict[str, Any]) -> str:
     ]
     for v in labels:
         lines.append(f"| {v} | " + " | ".join(get(v) for _, get in cols) + " |")
+    for mode, parts in results.get("generation", {}).items():
+        if parts.get("compile_s"):
+            times = ", ".join(f"`{n}` {t:.1f} s" for n, t in parts["compile_s"].items())
+            lines += ["", f"Compile time of {mode} generation (first call minus a warm call): {times}."]
     summary = results.get("summary", {})
     if summary:
         lines += ["", "| comparison | ours | paper |", "|---|---|---|"]
         for name, item in summary.items():
             lines.append(f"| {name} | {_fmt(item.get('ours'), '.3f')} | {_fmt(item.get('paper'), '.3f')} |")
+    bandwidth = results.get("bandwidth")
+    if bandwidth and results.get("sites"):
+        refs = [r for r, bw in bandwidth.items() if bw]
+        described = ", ".join(f"{r} {bandwidth[r] / 1e9:.1f} GB/s" for r in refs)
+        lines += [
+            "",
+            f"Norm-site roofline: compulsory bytes of one block's sites (forward + backward) over the median "
+            f"time, against the memory bandwidth ({described}; copy = `dst.copy_(src)` of 256 MiB in this run).",
+            "",
+            "| scheme | sites | MB moved | GB/s | " + " | ".join(f"x {r} bandwidth" for r in refs) + " |",
+            "|---|---|---|---|" + "---|" * len(refs),
+        ]
+        for key, by_mode in results["sites"].items():
+            for mode, entries in by_mode.items():
+                for label, e in entries.items():
+                    fractions = " | ".join(_fmt(e.get(f"fraction_of_{r}_bandwidth"), ".3f") for r in refs)
+                    moved, rate = e["bytes"] / 1e6, e["bytes_per_s"] / 1e9
+                    lines.append(f"| {label} | {key} {mode} | {moved:.0f} | {rate:.2f} | {fractions} |")
+    step_memory = results.get("step_memory")
+    if step_memory:
+        ref = step_memory.get("hf_transformers")
+        lines += [
+            "",
+            f"Step peak memory: `{s['mem_preset']}` with {s['mem_overrides']}, {s['dtype']}, batch "
+            f"{s['mem_batch']} x {s['mem_seq_len']} tokens; growth of the peak over one forward + backward "
+            "(gradients preallocated, no optimizer step), each side in its own process.",
+            "",
+            "| side | loss | peak growth MiB | x transformers |",
+            "|---|---|---|---|",
+        ]
+        for side, m in step_memory.items():
+            x = m["peak_growth_bytes"] / ref["peak_growth_bytes"] if ref else None
+            lines.append(f"| {side} | {m['loss_impl']} | {m['peak_growth_bytes'] / 2**20:.0f} | {_fmt(x, '.3f')} |")
     tanh = results.get("tanh")
     if tanh:
         lines += ["", "| tanh formulation (fp32, " + str(tanh["shape"]) + ") | eager ms | compiled ms | max rel err |"]

@@ -5,18 +5,57 @@ block input, ``post_attn`` on the attention output, ``attn_residual`` after the 
 ``pre_mlp`` on ``h`` (with site A's context), ``post_mlp`` on the MLP output and ``mlp_residual``
 after the second add. The attention and the MLP are replaced by fixed tensors, so the time is the
 norms' (two sites, four for Peri-LN) plus the two residual adds every scheme shares.
+
+Roofline: ``site_bytes`` is the compulsory memory traffic of that work (each norm site reads its
+input and writes its output forward, and reads the output gradient and its input and writes the
+input gradient backward; each residual add reads two tensors and writes one in each direction), and
+``memory_bandwidth`` the machine's (a copy measured in the same run; on CUDA also the datasheet's),
+so ``bytes / time / bandwidth`` says how close a site is to the memory-bound floor.
 """
 
 from __future__ import annotations
 
+import statistics
+import time
 from collections.abc import Callable
 
 import torch
+from torch import nn
 
 from bhyt_pl.bench.variants import Variant
 from bhyt_pl.norms import BlockNorms, build_norm_scheme
 
-__all__ = ["block_norms", "site_step"]
+__all__ = ["DATASHEET_BANDWIDTH", "block_norms", "memory_bandwidth", "site_bytes", "site_step"]
+
+DATASHEET_BANDWIDTH = {"H200": 4.8e12, "H100": 3.35e12, "A100-SXM4-80GB": 2.039e12, "A100": 1.555e12}
+"""Peak HBM bandwidth in bytes/s by GPU name (substring match, first hit)."""
+
+
+def site_bytes(norms: BlockNorms, tokens: int, dim: int, dtype: torch.dtype) -> int:
+    """Compulsory bytes of one forward+backward of a block's sites (see the module docstring)."""
+    modules = (norms.attn_in, norms.attn_out, norms.attn_res, norms.mlp_in, norms.mlp_out, norms.mlp_res)
+    sites = sum(not isinstance(m, nn.Identity) for m in modules)
+    element = torch.empty((), dtype=dtype).element_size()
+    return (5 * sites + 2 * 6) * tokens * dim * element  # plus two residual adds
+
+
+def memory_bandwidth(device: torch.device, nbytes: int = 256 * 2**20, repeats: int = 7) -> dict[str, float | None]:
+    """``{"copy": measured bytes/s, "datasheet": bytes/s or None}``; a copy moves ``2 * nbytes`` (read + write)."""
+    src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    times = []
+    for _ in range(repeats + 1):
+        sync()
+        start = time.perf_counter()
+        dst.copy_(src)
+        sync()
+        times.append(time.perf_counter() - start)
+    out: dict[str, float | None] = {"copy": 2 * nbytes / statistics.median(times[1:]), "datasheet": None}
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        out["datasheet"] = next((bw for key, bw in DATASHEET_BANDWIDTH.items() if key in name), None)
+    return out
 
 
 def block_norms(

@@ -117,7 +117,7 @@ def perplexity(
         ids = tokenizer.encode(text, add_special_tokens=False).ids
         rows.extend(sliding_windows(ids, special.bos_id, max_length, stride))
         documents += 1
-    scores = score_rows(model.eval(), rows, batch_size, pad_id=special.pad_id)
+    scores = score_rows(model.eval(), rows, batch_size, pad_id=special.pad_id, greedy=False)
     nll = -sum(logprob for logprob, _ in scores)
     tokens = sum(len(targets) for _, targets in rows)
     return PerplexityResult(nll, tokens, documents, max_length, stride)

@@ -19,6 +19,7 @@ def score_rows(
     rows: Sequence[tuple[Sequence[int], Sequence[int]]],
     batch_size: int = 16,
     pad_id: int = 0,
+    greedy: bool = True,
 ) -> list[tuple[float, bool]]:
     """Log-probability of each row's ``targets`` given its ``inputs``, and whether greedy decoding yields them.
 
@@ -33,6 +34,9 @@ def score_rows(
         rows: ``(inputs, targets)`` token-id pairs, ``1 <= len(targets) <= len(inputs) <= max_seq_len``.
         batch_size: rows per forward pass.
         pad_id: id written after short rows (never attended to by the scored positions).
+        greedy: also report whether the targets are the argmax. This needs the logits; without it
+            (perplexity) the log-probabilities come from the model's chunked loss, which never holds a
+            batch's float32 logits, and the flag is False.
 
     Returns:
         ``(sum of log p(target), all targets are the argmax)`` per row, in the order of ``rows``.
@@ -56,6 +60,15 @@ def score_rows(
         for b, i in enumerate(chunk):
             inputs = rows[i][0]
             batch[b, : len(inputs)] = torch.as_tensor(list(inputs), dtype=torch.long)
+        if not greedy:
+            labels = torch.full_like(batch, -100)
+            for b, i in enumerate(chunk):
+                inputs, targets = rows[i]
+                labels[b, len(inputs) - len(targets) : len(inputs)] = torch.as_tensor(list(targets), dtype=torch.long)
+            nll = model(batch.to(device), labels=labels.to(device), loss_reduction="none").loss  # [B, width]
+            for b, i in enumerate(chunk):
+                results[i] = (-nll[b].sum().item(), False)
+            continue
         logits = model(batch.to(device))  # [B, width, V]
         for b, i in enumerate(chunk):
             inputs, targets = rows[i]

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from bhyt_pl.norms.base import BlockNorms, NormScheme, register_norm
-from bhyt_pl.norms.rmsnorm import RMSNorm
+from bhyt_pl.norms.rmsnorm import IMPLS, RMSNorm
 from bhyt_pl.parallelize import full_tensor
 
 __all__ = [
@@ -46,7 +46,6 @@ __all__ = [
 ]
 
 STATS = ("rms", "meanstd")
-IMPLS = ("auto", "reference", "fused")
 
 # Odd/even coefficients of a [13/6] rational approximation of tanh on [-TANH_CLAMP, TANH_CLAMP]
 # (the float32 kernel of Eigen, which XLA also uses); beyond the clamp tanh rounds to +-1 in float32.

@@ -16,8 +16,9 @@ import pytest
 import torch
 
 from bhyt_pl.bench import gpu, main
-from bhyt_pl.bench.command import PEER
-from bhyt_pl.bench.memory import saved_activation_bytes
+from bhyt_pl.bench.command import LITGPT, PEER
+from bhyt_pl.bench.memory import measure_step_peak, saved_activation_bytes
+from bhyt_pl.bench.models import build_model, litgpt_available, litgpt_peer
 from bhyt_pl.bench.timing import interleaved
 from bhyt_pl.bench.variants import parse_variant
 
@@ -37,6 +38,7 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str]:
                 "bhyt",
                 "bhyt:impl=fused",
                 "dyt",
+                "rmsnorm:impl=reference",
                 "--json",
                 str(out),
             ]
@@ -49,10 +51,11 @@ def test_json_has_machine_settings_and_every_scheme(quick_run) -> None:
     results, _ = quick_run
     assert {"cpu", "torch_threads", "torch", "device"} <= set(results["machine"])
     settings = results["settings"]
-    assert settings["schemes"] == ["rmsnorm", "bhyt", "bhyt:impl=fused", "dyt"]  # rmsnorm added first
+    assert settings["schemes"] == ["rmsnorm", "bhyt", "bhyt:impl=fused", "dyt", "rmsnorm:impl=reference"]
     assert settings["repeats"] == 2 and settings["compile"] is False
     assert set(results["sites"]["d64"]["eager"]) == set(settings["schemes"])
-    assert set(results["train_step"]["eager"]) == {*settings["schemes"], PEER}
+    optional = {LITGPT} if litgpt_available() else set()  # an optional peer, timed when installed
+    assert set(results["train_step"]["eager"]) == {*settings["schemes"], PEER, *optional}
     assert set(results["generation"]["eager"]["decode"]) == {*settings["schemes"], PEER}
     for label in settings["schemes"]:
         assert results["memory"][label]["train_step_eager"] > 0
@@ -85,8 +88,23 @@ def test_ratios_are_quotients_of_medians(quick_run) -> None:
 
 def test_fused_sites_save_less_than_reference(quick_run) -> None:
     memory = quick_run[0]["memory"]
-    assert memory["bhyt:impl=fused"]["sites_d64_eager"] <= memory["rmsnorm"]["sites_d64_eager"]
+    # the eager RMSNorm Function (the default) saves the input and rstd only, as BHyT's fused site does
+    assert memory["rmsnorm"]["sites_d64_eager"] < memory["rmsnorm:impl=reference"]["sites_d64_eager"]
+    assert memory["bhyt:impl=fused"]["sites_d64_eager"] <= memory["rmsnorm:impl=reference"]["sites_d64_eager"]
     assert memory["bhyt:impl=fused"]["sites_d64_eager"] < memory["bhyt"]["sites_d64_eager"]
+
+
+def test_sites_roofline_bytes_and_bandwidth(quick_run) -> None:
+    results, printed = quick_run
+    assert results["bandwidth"]["copy"] > 0 and results["bandwidth"]["datasheet"] is None  # CPU
+    sites = results["sites"]["d64"]["eager"]
+    tokens, element = results["settings"]["site_tokens"], 4
+    assert sites["rmsnorm"]["bytes"] == (5 * 2 + 12) * tokens * 64 * element  # two norm sites + two residual adds
+    for entry in sites.values():
+        assert entry["fraction_of_copy_bandwidth"] == pytest.approx(
+            entry["bytes"] / entry["median_s"] / results["bandwidth"]["copy"]
+        )
+    assert "Norm-site roofline" in printed
 
 
 def test_markdown_table_printed(quick_run) -> None:
@@ -170,3 +188,31 @@ def test_site_step_runs_every_new_scheme(scheme: str) -> None:
     if scheme in ("post_ln", "mix_ln"):  # the block output is normalised: unit RMS per token
         torch.testing.assert_close(y.pow(2).mean(-1), torch.ones(8), atol=1e-4, rtol=1e-4)
     assert all(p.grad is None for p in norms.parameters())  # the step clears what it accumulated
+def test_step_peak_memory_of_the_chunked_loss_is_below_the_plain_loss() -> None:
+    """In this process (the bench runs each side in its own): at a vocabulary of 32768 the plain loss holds
+    256 x 32768 float32 logits several times over (32 MiB each), the chunked loss one chunk of 32 tokens."""
+    spec = {
+        "preset": "tiny",
+        "overrides": {"n_layers": 1, "dim": 32, "n_heads": 2, "n_kv_heads": 1, "mlp_dim": 32, "vocab_size": 32768},
+        "batch": 1,
+        "seq_len": 256,
+        "dtype": "float32",
+        "device": "cpu",
+        "threads": 1,
+        "loss_chunk_tokens": 32,
+    }
+    chunked = measure_step_peak({**spec, "side": "chunked"})
+    plain = measure_step_peak({**spec, "side": "plain"})
+    assert chunked["loss"] == pytest.approx(plain["loss"], rel=1e-5)
+    assert plain["peak_growth_bytes"] > 64 * 2**20
+    assert chunked["peak_growth_bytes"] < 0.5 * plain["peak_growth_bytes"]
+
+
+def test_litgpt_peer_computes_our_logits() -> None:
+    pytest.importorskip("litgpt")
+    model = build_model("tiny", parse_variant("rmsnorm"), {"n_layers": 2}, torch.device("cpu"), torch.float32, 64)
+    peer = litgpt_peer(model)
+    idx = torch.randint(0, 8192, (2, 17))
+    with torch.no_grad():
+        torch.testing.assert_close(peer(idx), model(idx), atol=1e-5, rtol=1e-5)
+    assert peer.lm_head.weight is peer.transformer.wte.weight
