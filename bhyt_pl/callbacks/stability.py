@@ -9,7 +9,7 @@ batch, per block ``i`` (scalars ``stability/<stat>[/<site>]/layer_<ii>``, as ``d
   parameters of one norm site (gains, lambdas, alphas); ``grad_norm/embed`` and ``grad_norm/final_norm``
   for the parameters outside the blocks.
 - ``act_grad_norm``: the per-token L2 norm of ``dL/dy`` for the block output ``y``, averaged over tokens
-  (``L`` the mean loss of the first micro-batch of the step; a tensor hook on ``y``).
+  (``L`` the mean loss over the first micro-batch of the step on every rank; a tensor hook on ``y``).
 - ``attn_entropy``: entropy in nats of each query's causal attention distribution, averaged over heads
   and query positions, from the block's own queries and keys (recomputed from the block input with
   ``norms.pre_attn`` and ``Attention.qk``, exactly as the forward computes them). Exact, without
@@ -409,10 +409,11 @@ class StabilityMonitor(L.Callback):
             return
         self._sums.clear()
         self._counts.clear()
-        # Lightning divides the loss by the accumulation count before backward, a grad scaler multiplies it
+        # Lightning divides the loss by the accumulation count before backward, a grad scaler multiplies it,
+        # and the data-parallel loss is the mean of the ranks' losses: report dL/dy of the global mean loss
         scaler = getattr(trainer.precision_plugin, "scaler", None)
         loss_scale = float(scaler.get_scale()) if scaler is not None and scaler.is_enabled() else 1.0
-        self._grad_scale = trainer.accumulate_grad_batches / loss_scale
+        self._grad_scale = trainer.accumulate_grad_batches / (loss_scale * trainer.world_size)
         self._attach(pl_module)
         self._pending_step = step
 

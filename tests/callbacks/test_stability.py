@@ -3,7 +3,9 @@ numpy moments, a hand-made spike series, a checkpoint round trip."""
 
 from __future__ import annotations
 
+import json
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -173,3 +175,37 @@ def test_spike_counts_survive_a_checkpoint_round_trip(tmp_path) -> None:
     for name in ("loss", "grad_norm"):
         assert state[name]["count"] >= saved[name]["count"]
         assert state[name]["history"][:-1] == saved[name]["history"][1:]  # the window rolled on by one step
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_fsdp2_two_processes_log_the_statistics_of_one(tmp_path) -> None:
+    """Sharded gradient norms are full-tensor norms and sums over ranks give the one-process means."""
+    from distributed_jobs.launch import ROOT, run
+
+    from bhyt_pl import Llama, LlamaConfig
+
+    torch.manual_seed(0)
+    config = LlamaConfig.from_name("tiny", **TINY_OVERRIDES, norm="bhyt", norm_args={"seq_len": 32})
+    init = tmp_path / "init.ckpt"
+    state = {f"model.{k}": v for k, v in Llama(config).state_dict().items()}
+    torch.save({"state_dict": state, "bhyt_pl": {"model_config": config.to_dict(), "tokenizer": "embedded"}}, init)
+    job = ROOT / "tests" / "distributed_jobs" / "fsdp2_stability.py"
+    out = tmp_path / "stats2.json"
+    run(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(job), str(init), str(out)])
+    two = json.loads(out.read_text())
+    sys.path.insert(0, str(job.parent))
+    try:
+        from fsdp2_stability import train
+    finally:
+        sys.path.remove(str(job.parent))
+    one = json.loads(json.dumps(train(str(init), 1)))  # the same job in this process, keys as JSON has them
+    assert sorted(one) == sorted(two) == ["1", "2"]
+    for step in one:
+        assert sorted(one[step]) == sorted(two[step])
+        assert "stability/grad_norm/layer_01" in one[step] and "stability/attn_entropy/layer_00" in one[step]
+        for key, value in one[step].items():
+            if math.isnan(value):
+                assert math.isnan(two[step][key]), key
+            else:
+                assert two[step][key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
