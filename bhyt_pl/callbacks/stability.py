@@ -82,18 +82,44 @@ def _lse_and_key_average(q: torch.Tensor, k: torch.Tensor, scale: float) -> tupl
     """``logsumexp_j s_tj`` [B, H, T] and ``sum_j p_tj k_j`` [B, H, T, hd] of causal attention, from one
     fused kernel with the keys as values where the device has one that returns the log-sum-exp (the
     public ``scaled_dot_product_attention`` does not return it), else exactly in chunks of queries."""
-    T = q.shape[-2]
-    try:
-        if q.device.type == "cpu":
-            out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, k, 0.0, True, scale=scale)
-            return lse, out
-        if q.device.type == "cuda":
-            efficient = torch.ops.aten._scaled_dot_product_efficient_attention
-            out, lse = efficient(q, k, k, None, True, 0.0, True, scale=scale)[:2]  # lse may be padded in T
-            return lse[..., :T], out
-    except (RuntimeError, NotImplementedError, AttributeError) as exc:  # kernel missing or shape unsupported
-        log.debug("fused attention with log-sum-exp unavailable (%s); computing in chunks", exc)
+    fused = _FUSED_OK.get(q.device.type)
+    if fused is None:  # first use on this device type: check the kernel against plain ops on a slice
+        fused = _FUSED_OK[q.device.type] = _fused_agrees(q[:1, :1, :64], k[:1, :1, :64], scale)
+    if fused:
+        try:
+            return _lse_and_key_average_fused(q, k, scale)
+        except (RuntimeError, NotImplementedError) as exc:  # e.g. a shape this kernel does not take
+            log.debug("fused attention with log-sum-exp failed (%s); computing in chunks", exc)
     return _lse_and_key_average_chunked(q, k, scale)
+
+
+_FUSED_OK: dict[str, bool] = {}
+"""Per device type: whether the fused kernel's log-sum-exp agrees with plain ops (checked once)."""
+
+
+def _lse_and_key_average_fused(q: torch.Tensor, k: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    # the kernels scaled_dot_product_attention dispatches to; they return the log-sum-exp it discards
+    if q.device.type == "cpu":
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, k, 0.0, True, scale=scale)
+        return lse, out
+    if q.device.type == "cuda":
+        efficient = torch.ops.aten._scaled_dot_product_efficient_attention
+        out, lse = efficient(q, k, k, None, True, 0.0, True, scale=scale)[:2]  # lse may be padded in T
+        return lse[..., : q.shape[-2]], out
+    raise NotImplementedError(f"no fused attention kernel with log-sum-exp on {q.device.type}")
+
+
+def _fused_agrees(q: torch.Tensor, k: torch.Tensor, scale: float) -> bool:
+    try:
+        lse, out = _lse_and_key_average_fused(q, k, scale)
+    except (RuntimeError, NotImplementedError, AttributeError) as exc:  # kernel missing on this build
+        log.info("StabilityMonitor: no fused attention kernel with log-sum-exp (%s); entropy in query chunks", exc)
+        return False
+    ref_lse, ref_out = _lse_and_key_average_chunked(q, k, scale)
+    ok = torch.allclose(lse, ref_lse, rtol=1e-3, atol=1e-3) and torch.allclose(out, ref_out, rtol=1e-3, atol=1e-3)
+    if not ok:
+        log.warning("StabilityMonitor: the fused kernel's log-sum-exp disagrees with plain ops; entropy in chunks")
+    return ok
 
 
 def _lse_and_key_average_chunked(

@@ -49,6 +49,10 @@ def test_entropy_equals_softmax_of_explicit_scores(path: str, monkeypatch: pytes
     expected = explicit_entropy(q, k)
     assert 0.1 < expected.mean() < 0.8 * math.log(37)  # neither uniform nor one-hot: a discriminating case
     torch.testing.assert_close(causal_attention_entropy(q, k).double(), expected, atol=2e-4, rtol=1e-4)
+    if path == "fused":
+        from bhyt_pl.callbacks.stability import _FUSED_OK
+
+        assert _FUSED_OK["cpu"]  # the CPU kernel that returns the log-sum-exp was used
 
 
 def test_kurtosis_and_max_over_median_equal_numpy() -> None:
