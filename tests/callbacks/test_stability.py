@@ -213,3 +213,27 @@ def test_fsdp2_two_processes_log_the_statistics_of_one(tmp_path) -> None:
                 assert math.isnan(two[step][key]), key
             else:
                 assert two[step][key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+
+
+@pytest.mark.slow
+def test_compiled_blocks_are_measured_like_eager_ones() -> None:
+    """Hooks on a compiled block fire and the statistics are computed outside its graph (dynamo traces the
+    block; the eager backend skips inductor's code generation, which the hooks never reach)."""
+    logged = []
+    for compiled in (False, True):
+        lm = hand_set_lm("bhyt")
+        if compiled:
+            for layer in lm.model.layers:
+                layer.compile(backend="eager")
+        logger = MemoryLogger()
+        monitor = StabilityMonitor(every_n_steps=2, figures=False)
+        quiet_trainer(callbacks=[monitor], logger=logger, max_steps=3).fit(lm, datamodule=TokenDataModule())
+        logged.append(logger.history)
+    eager, compiled = logged
+    assert sorted(eager) == sorted(compiled) == [1, 2]
+    for step in eager:
+        assert sorted(eager[step]) == sorted(compiled[step])
+        assert "stability/attn_entropy/layer_01" in compiled[step]
+        for key, value in eager[step].items():
+            if not math.isnan(value):
+                assert compiled[step][key] == pytest.approx(value, rel=1e-4, abs=1e-7), key
