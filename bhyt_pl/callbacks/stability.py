@@ -288,10 +288,6 @@ class StabilityMonitor(L.Callback):
         self._width = 2
         self._warned: set[str] = set()
 
-    @property
-    def state_key(self) -> str:
-        return self._generate_state_key(every_n_steps=self.every_n_steps)
-
     def should_log(self, step: int) -> bool:
         """Whether optimizer step ``step`` (1-based) computes the per-layer statistics."""
         return (step == 1 and self.log_first_step) or step % self.every_n_steps == 0

@@ -8,7 +8,7 @@
    scaled to one logging step per 100 steps, plus the per-step cost (spike detection: one gradient-norm
    pass and two scalars) measured as the median ordinary step with the monitor over the median without.
 2. Interleaved whole runs of ``--steps`` steps with the monitor at every 100 steps and without it,
-   alternating, ``--runs`` pairs: ratio of the median times (noisy on shared cores: +-10% per step).
+   alternating, ``--runs`` pairs (0: skip): ratio of the median times (noisy on shared cores: +-10% per step).
 """
 
 from __future__ import annotations
@@ -49,6 +49,8 @@ def main() -> None:
         print(f"in-run estimate at every 100 steps: {per_log * 1e3:.0f} ms / (100 x {base * 1e3:.1f} ms) = "
               f"{100 * per_log / (100 * base):.2f}% + per-step {100 * per_step:.2f}%")  # fmt: skip
 
+        if args.runs < 1:  # --runs 0: the in-run estimate only
+            return
         totals: dict[str, list[float]] = {"off": [], "every100": []}
         for _ in range(args.runs):
             for mode in ("off", "every100"):  # interleaved
