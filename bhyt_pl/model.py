@@ -159,6 +159,15 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, config.qk_norm_eps) if qk else nn.Identity()
         self.k_norm = RMSNorm(self.head_dim, config.qk_norm_eps) if qk else nn.Identity()
 
+    def qk(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotated queries [B, H, T, hd] and keys [B, K, T, hd] of ``x`` [B, T, d], exactly as ``forward``
+        computes them (StabilityMonitor recomputes them from here for the attention entropy)."""
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # [B, H, T, hd]
+        k = self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # [B, K, T, hd]
+        q, k = self.q_norm(q), self.k_norm(k)  # QK-norm over hd, before RoPE (identities when off)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+
     def forward(
         self,
         x: torch.Tensor,
@@ -168,11 +177,8 @@ class Attention(nn.Module):
         start_pos: int | torch.Tensor = 0,
     ) -> torch.Tensor:
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # [B, H, T, hd]
-        k = self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # [B, K, T, hd]
+        q, k = self.qk(x, cos, sin)  # [B, H, T, hd], [B, K, T, hd]
         v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # [B, K, T, hd]
-        q, k = self.q_norm(q), self.k_norm(k)  # QK-norm over hd, before RoPE (identities when off)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         mask, causal = None, True
         if cache is not None:
             k, v = cache.update(self.layer_idx, start_pos, k, v)  # [B, K, S, hd]

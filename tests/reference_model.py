@@ -145,7 +145,12 @@ def model_ref(model, idx: torch.Tensor, norm: str, args: dict) -> torch.Tensor:
         elif norm in ("bhyt", "bhyt_exact"):
             u = bhyt_site(x, n.attn_in, kappa, eps_b, stat)
             h = x + attend(u, attn)
-            if norm == "bhyt":
+            exact_layers = args.get("exact_layers")
+            if isinstance(exact_layers, int):
+                exact_here = li < exact_layers  # the first k layers
+            else:
+                exact_here = li in (exact_layers or ())
+            if norm == "bhyt" and not exact_here:
                 lam_a = float(n.attn_in.lambda_.detach())
                 corr = vo_constant_ref(attn, args.get("seq_len", 1024)) * lam_a**2 / kappa**2
                 if stat == "rms":

@@ -1,7 +1,8 @@
 """What is benchmarked: a norm scheme plus constructor arguments, written ``name[:key=value,...]``.
 
 ``bhyt:impl=reference`` is the BHyT site in plain autograd ops; ``bhyt`` alone is the default
-(``impl=auto``). Values parse as Python literals where they can (``lambda_attn=1.0``), else strings.
+(``impl=auto``). Values parse as Python literals where they can (``lambda_attn=1.0``), else strings;
+commas inside brackets belong to the value (``bhyt:exact_layers=[0,1],lambda_attn=1.0``).
 """
 
 from __future__ import annotations
@@ -34,13 +35,25 @@ class Variant:
     norm_args: dict[str, Any] = field(default_factory=dict)
 
 
+def _split_options(text: str) -> list[str]:
+    """Split ``key=value`` options at commas outside brackets, so a list value can hold commas."""
+    items, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        depth += (char in "([{") - (char in ")]}")
+        if char == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    items.append(text[start:])
+    return items
+
+
 def parse_variant(text: str) -> Variant:
     """``"bhyt:impl=fused,lambda_attn=1.0"`` -> Variant; the scheme is built once to validate it."""
     name, _, rest = text.partition(":")
     if name not in registered_norms():
         raise ValueError(f"unknown scheme {name!r} in {text!r}; registered norms: {', '.join(registered_norms())}")
     args: dict[str, Any] = {}
-    for item in filter(None, rest.split(",")):
+    for item in filter(None, _split_options(rest)):
         key, eq, value = item.partition("=")
         if not eq:
             raise ValueError(f"scheme option {item!r} in {text!r} must be key=value, e.g. bhyt:impl=fused")

@@ -1,5 +1,6 @@
-"""Lightning callbacks: depth-wise activation statistics, throughput/MFU/memory, norm-constant refresh,
-the checkpoint callback that loses no work, and the step progress bar.
+"""Lightning callbacks: depth-wise activation statistics, stability (gradients, attention entropy, outliers,
+spikes by depth), throughput/MFU/memory, norm-constant refresh, the checkpoint callback that loses no work,
+and the step progress bar.
 
 The statistics and throughput callbacks work inside any LightningModule: ``locate_blocks`` finds the
 transformer blocks of bhyt_pl, transformers and litgpt models (or takes a ``blocks`` argument).
@@ -12,6 +13,7 @@ from bhyt_pl.callbacks.checkpointing import RunCheckpoint
 from bhyt_pl.callbacks.depth_stats import SITES, DepthStatsCollector, DepthStatsMonitor, depth_figures
 from bhyt_pl.callbacks.norm_refresh import NormConstantRefresh, default_refresh_interval, norm_refresh_callbacks
 from bhyt_pl.callbacks.progress import StepProgressBar
+from bhyt_pl.callbacks.stability import SpikeDetector, StabilityMonitor
 from bhyt_pl.callbacks.throughput import (
     PEAK_FLOPS,
     TokenThroughputMonitor,
@@ -31,6 +33,8 @@ __all__ = [
     "RunCheckpoint",
     "StepProgressBar",
     "QKProjections",
+    "SpikeDetector",
+    "StabilityMonitor",
     "TokenThroughputMonitor",
     "batch_samples",
     "batch_tokens",

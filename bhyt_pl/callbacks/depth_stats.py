@@ -22,7 +22,11 @@ Statistics (all per token over the hidden dimension, averaged over the tokens of
 - ``<scalar>/<site>``: the site's learnable one-element parameters as ``BoundedSite.scalars`` names them
   (``lambda`` for BHyT, ``alpha`` for DyT, ``alpha`` and ``shift`` for Derf, ``beta`` for DyISRU).
 - ``bhyt_moment_ratio``: site B's approximated second moment ``m + c*lambda_A^2/kappa^2`` divided by
-  the exact ``mean_d h_t^2`` (``1.0`` means the approximation of docs/method.md, section 3 is exact).
+  the exact ``mean_d h_t^2`` (``1.0`` means the approximation of docs/method.md, section 3 is exact), averaged
+  over tokens; ``bhyt_moment_ratio_of_means``: mean approximated over mean exact moment (dominated by
+  the large tokens); ``bhyt_moment_ratio_first8`` and ``bhyt_moment_ratio_rest``: the averaged ratio
+  over positions 0-7 and over positions 8 and later. Causal attention averages early queries over few
+  keys, so a low ``first8`` against ``rest`` isolates the causal-masking part of the bias.
 
 Scalars are named ``depth/<stat>[/<site>]/layer_<ii>``; figures (TensorBoard only) ``depth/<stat>``.
 """
@@ -52,6 +56,9 @@ log = logging.getLogger(__name__)
 
 SITES = ("attn_in", "attn_out", "attn_res", "mlp_in", "mlp_out", "mlp_res")
 """Norm-site submodules of ``Block.norms`` (``layers.<i>.norms.<site>``)."""
+
+FIRST_POSITIONS = 8
+"""``bhyt_moment_ratio_first8`` covers sequence positions ``0 .. FIRST_POSITIONS - 1``."""
 
 
 class DepthStatsCollector:
@@ -165,9 +172,16 @@ class DepthStatsCollector:
                 if approximated and len(args) > 1 and hasattr(args[1], "spread"):
                     # site B of BHyT: the statistic the forward received (approximate_stats of site A's)
                     # against the exact one over h (docs/method.md, section 3)
-                    exact = module.statistics(x).spread  # [..., 1]
-                    approx = args[1].spread.expand_as(exact)  # [..., 1]
-                    self._add(f"bhyt_moment_ratio/{layer}", (approx / exact.clamp_min(1e-30)).sum(), n)
+                    exact = module.statistics(x).spread  # [B, T, 1]
+                    approx = args[1].spread.expand_as(exact)  # [B, T, 1]
+                    ratio = approx / exact.clamp_min(1e-30)  # [B, T, 1]
+                    self._add(f"bhyt_moment_ratio/{layer}", ratio.sum(), n)
+                    self._add(f"bhyt_moment_ratio_of_means/{layer}", approx.sum(), exact.sum())
+                    early = ratio[..., :FIRST_POSITIONS, :]  # positions 0..7: few visible keys
+                    self._add(f"bhyt_moment_ratio_first8/{layer}", early.sum(), early.numel())
+                    if ratio.shape[-2] > FIRST_POSITIONS:
+                        late = ratio[..., FIRST_POSITIONS:, :]
+                        self._add(f"bhyt_moment_ratio_rest/{layer}", late.sum(), late.numel())
 
         return hook
 

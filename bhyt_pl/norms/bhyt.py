@@ -9,6 +9,9 @@ at least a fraction ``p`` of the coordinates satisfy ``|x_i| <= D``, so the tanh
 ``bhyt`` makes exactly one reduction per block: site B does not reduce over ``h = x + Attn(u)``
 but uses the statistic of ``x`` plus the variance the attention adds,
 ``c * stopgrad(lambda_A)^2 / kappa^2`` with ``c = ||W_V W_O||_F^2 / (T d)`` cached per layer.
+``exact_layers`` (off by default, as in the released code) gives chosen layers exact statistics at
+site B instead: the approximation assumes attention uniform over all ``T`` tokens and under-predicts
+the moment of ``h`` where the residual stream is still small (the first layers).
 
 Two implementations of a site compute the same function (``impl``): ``reference`` is the formula in
 plain autograd ops (it saves the tanh output for backward); ``fused`` is one autograd Function that
@@ -300,6 +303,23 @@ class BHyTBlockNorms(BlockNorms):
         self.c.copy_(vo_constant(w_v, w_o, attn.n_head, attn.n_kv_head, self.seq_len))
 
 
+def _exact_layers(value: int | list[int] | tuple[int, ...] | None) -> int | tuple[int, ...] | None:
+    """``exact_layers`` as stored: None, an int ``k`` (the first k layers) or a sorted tuple of indices
+    (a tuple, so that schemes stay hashable and compare equal however the list was written)."""
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        if isinstance(value, int) and value < 0:
+            raise ValueError(f"invalid 'bhyt' norm configuration: exact_layers must be >= 0, got {value}")
+        return value
+    if isinstance(value, (list, tuple)) and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+        if any(i < 0 for i in value):
+            raise ValueError(f"invalid 'bhyt' norm configuration: exact_layers indices must be >= 0, got {list(value)}")
+        return tuple(sorted(set(value)))
+    raise TypeError(
+        "invalid 'bhyt' norm configuration: exact_layers must be None, an int k (the first k layers) or a list "
+        f"of layer indices such as [0, 1]; got {value!r}"
+    )
+
+
 class _BHyTSchemeBase(NormScheme):
     approximate: bool
 
@@ -350,9 +370,14 @@ class _BHyTSchemeBase(NormScheme):
     def _seq_len(self) -> int:
         return 1  # unused by the exact scheme
 
+    def approximates(self, layer_idx: int, n_layers: int) -> bool:
+        """Whether site B of layer ``layer_idx`` uses the approximated statistic (False: exact)."""
+        return self.approximate
+
     def block_norms(self, dim: int, layer_idx: int, n_layers: int) -> BlockNorms:
+        approximate = self.approximates(layer_idx, n_layers)
         return BHyTBlockNorms(
-            self._site(dim, self.lambda_attn), self._site(dim, self.lambda_mlp), self.approximate, self._seq_len()
+            self._site(dim, self.lambda_attn), self._site(dim, self.lambda_mlp), approximate, self._seq_len()
         )
 
     def final_norm(self, dim: int, n_layers: int) -> nn.Module:
@@ -389,6 +414,11 @@ class BHyTScheme(_BHyTSchemeBase):
             (``run_facts``) that every entry point binds with ``bind(seq_len=...)``; unbound (None), the
             model uses ``UNBOUND_SEQ_LEN`` = 1024, the paper's pretraining length.
         impl: ``auto`` (fused path while compiling), ``reference`` or ``fused``; same function either way.
+        exact_layers: layers whose site B uses exact statistics (a second reduction over ``h``, as
+            ``bhyt_exact``) instead of the approximation: None (the released method), an int ``k`` for
+            the first ``k`` layers, or a list of 0-based layer indices (stored as a sorted tuple).
+            Parameter names do not change. YAML ``exact_layers: [0, 1]``; study/bench
+            ``bhyt:exact_layers=[0,1]``.
     """
 
     approximate = True
@@ -408,14 +438,27 @@ class BHyTScheme(_BHyTSchemeBase):
         final_eps: float = 1e-5,
         seq_len: int | None = None,
         impl: str = "auto",
+        exact_layers: int | list[int] | None = None,
     ) -> None:
         self.seq_len = seq_len
         if not (seq_len is None or (isinstance(seq_len, int) and not isinstance(seq_len, bool) and seq_len > 0)):
             self._raise_if([f"seq_len must be a positive int (or None until the run binds it), got {seq_len!r}"])
+        self.exact_layers = _exact_layers(exact_layers)
         super().__init__(lambda_attn, lambda_mlp, lambda_final, learnable_lambda, p, kappa, stat, eps, final_eps, impl)
 
     def _seq_len(self) -> int:
         return self.seq_len if self.seq_len is not None else UNBOUND_SEQ_LEN
+
+    def approximates(self, layer_idx: int, n_layers: int) -> bool:
+        exact = self.exact_layers
+        if isinstance(exact, tuple) and exact and exact[-1] >= n_layers:
+            raise ValueError(
+                f"invalid 'bhyt' norm configuration: exact_layers {list(exact)} names layers beyond the model's "
+                f"{n_layers} (indices are 0-based, 0 .. {n_layers - 1})"
+            )
+        if exact is None:
+            return True
+        return layer_idx >= exact if isinstance(exact, int) else layer_idx not in exact
 
 
 @register_norm("bhyt_exact")

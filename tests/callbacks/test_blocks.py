@@ -10,7 +10,7 @@ from test_depth_stats import MemoryLogger
 from torch import nn
 
 from bhyt_pl import Llama, LlamaConfig, LlamaLM
-from bhyt_pl.callbacks import DepthStatsMonitor, TokenThroughputMonitor, locate_blocks
+from bhyt_pl.callbacks import DepthStatsMonitor, StabilityMonitor, TokenThroughputMonitor, locate_blocks
 from bhyt_pl.callbacks.throughput import estimated_training_flops_per_token
 from bhyt_pl.module import training_flops_per_token
 
@@ -47,7 +47,10 @@ def test_depth_stats_and_throughput_in_a_user_module_around_transformers_llama()
         hidden = module.net(ids, output_hidden_states=True).hidden_states  # embeddings, then each layer
     throughput = TokenThroughputMonitor(window_size=2)
     trainer = quiet_trainer(
-        max_steps=3, logger=logger, log_every_n_steps=1, callbacks=[DepthStatsMonitor(every_n_steps=1), throughput]
+        max_steps=3,
+        logger=logger,
+        log_every_n_steps=1,
+        callbacks=[DepthStatsMonitor(every_n_steps=1), StabilityMonitor(every_n_steps=1, figures=False), throughput],
     )
     trainer.fit(module, data)
     for step in (1, 2, 3):
@@ -56,6 +59,9 @@ def test_depth_stats_and_throughput_in_a_user_module_around_transformers_llama()
             for stat in ("magnitude", "variance", "max_abs", "angular_distance"):
                 assert f"depth/{stat}/layer_{i:02d}" in logged, (step, stat, i)
         assert not [k for k in logged if k.startswith(("depth/saturation", "depth/site_rms", "depth/lambda"))]
+        for i in range(3):  # the stability statistics that need no bhyt_pl norm sites or q/k recomputation
+            for stat in ("grad_norm", "act_grad_norm", "kurtosis", "max_over_median"):
+                assert f"stability/{stat}/layer_{i:02d}" in logged, (step, stat, i)
     for i in range(2):  # the last hidden state of transformers is after the final norm: compare the others
         expected = hidden[i + 1].double().norm(dim=-1).mean().item()
         assert logger.history[1][f"depth/magnitude/layer_{i:02d}"] == pytest.approx(expected, rel=1e-5)

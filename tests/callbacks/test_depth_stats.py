@@ -62,7 +62,8 @@ def reference_stats(lm: LlamaLM, ids: torch.Tensor) -> dict[str, list[float]]:
     model = lm.model
     x = model.emb_norm(model.embed(ids))  # [B, T, d]
     cos, sin = model.rope(0, ids.shape[1], ids.device, x.dtype)
-    out: dict[str, list[float]] = {k: [] for k in ("magnitude", "variance", "max_abs", "angular", "ratio", "rms_a")}
+    out: dict[str, list[float]] = {k: [] for k in ("magnitude", "variance", "max_abs", "angular", "ratio", "rms_a",
+                                                      "ratio_of_means", "ratio_first8", "ratio_rest")}  # fmt: skip
     for block in model.layers:
         y = block(x, cos, sin)
         x64, y64 = x.double(), y.double()
@@ -78,7 +79,11 @@ def reference_stats(lm: LlamaLM, ids: torch.Tensor) -> dict[str, list[float]]:
             h = (x + block.attn(u, cos, sin)).double()
             lam, kappa = block.norms.attn_in.lambda_.double(), block.norms.attn_in.kappa
             approx = x64.pow(2).mean(-1) + block.norms.c.double() * lam**2 / kappa**2
-            out["ratio"].append((approx / h.pow(2).mean(-1)).mean().item())
+            exact = h.pow(2).mean(-1)  # [B, T]
+            out["ratio"].append((approx / exact).mean().item())
+            out["ratio_of_means"].append((approx.mean() / exact.mean()).item())
+            out["ratio_first8"].append((approx / exact)[:, :8].mean().item())
+            out["ratio_rest"].append((approx / exact)[:, 8:].mean().item())
         x = y
     return out
 
@@ -106,6 +111,9 @@ def test_logged_statistics_equal_block_outputs_computed_by_hand(norm: str) -> No
         assert logged[f"depth/site_rms/attn_in/{layer}"] == pytest.approx(expected["rms_a"][i], rel=1e-5)
         if norm == "bhyt":
             assert logged[f"depth/bhyt_moment_ratio/{layer}"] == pytest.approx(expected["ratio"][i], rel=1e-5)
+            for stat in ("ratio_of_means", "ratio_first8", "ratio_rest"):
+                logged_value = logged[f"depth/bhyt_moment_{stat}/{layer}"]
+                assert logged_value == pytest.approx(expected[stat][i], rel=1e-5), stat
             assert logged[f"depth/lambda/attn_in/{layer}"] == pytest.approx(2.0)
             assert logged[f"depth/lambda/mlp_in/{layer}"] == pytest.approx(1.0)
             assert f"depth/saturation/mlp_in/{layer}" in logged

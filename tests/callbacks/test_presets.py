@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bhyt_pl.callbacks import DepthStatsMonitor, NormConstantRefresh, TokenThroughputMonitor
+from bhyt_pl.callbacks import DepthStatsMonitor, NormConstantRefresh, StabilityMonitor, TokenThroughputMonitor
 from bhyt_pl.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,7 +20,7 @@ def callback_classes(cli) -> list[type]:
 
 
 def test_every_preset_appends_with_callbacks_plus() -> None:
-    assert {p.stem for p in PRESETS} >= {"depth_stats", "throughput", "norm_refresh", "paper"}
+    assert {p.stem for p in PRESETS} >= {"depth_stats", "throughput", "norm_refresh", "paper", "stability"}
     for preset in PRESETS:
         trainer = yaml.safe_load(preset.read_text())["trainer"]
         assert list(trainer) == ["callbacks+"], preset.name  # append, never replace the recipe's list
@@ -33,7 +33,8 @@ def test_each_preset_builds_on_the_tiny_recipe(preset: Path, tmp_path: Path) -> 
         "depth_stats": [DepthStatsMonitor],
         "throughput": [TokenThroughputMonitor],
         "norm_refresh": [NormConstantRefresh],
-        "paper": [DepthStatsMonitor, TokenThroughputMonitor],
+        "stability": [StabilityMonitor],
+        "paper": [DepthStatsMonitor, StabilityMonitor, TokenThroughputMonitor],
     }[preset.stem]
     assert [c for c in callback_classes(cli) if c in expected] == expected
 

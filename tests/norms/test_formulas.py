@@ -20,6 +20,9 @@ CASES = [
     ("bhyt", {"lambda_attn": 1.0, "lambda_final": 1.5, "seq_len": 64}),
     ("bhyt", {"stat": "meanstd"}),
     ("bhyt", {"kappa": 4.0, "learnable_lambda": False}),
+    ("bhyt", {"exact_layers": 2}),
+    ("bhyt", {"exact_layers": [2, 0]}),
+    ("bhyt", {"exact_layers": [1], "stat": "meanstd"}),
     ("bhyt_exact", {}),
     ("bhyt_exact", {"stat": "meanstd", "lambda_final": 1.0}),
     ("derf", {}),
@@ -114,3 +117,35 @@ def test_bhyt_correction_changes_the_output() -> None:
             layer.norms.c.zero_()
         after = model(idx)
     assert not torch.allclose(before, after)
+
+
+@pytest.mark.parametrize(("exact_layers", "expected"), [(None, [True] * 3), (2, [False, False, True]),
+                                                        ([2, 0], [False, True, False]), (7, [False] * 3)])  # fmt: skip
+def test_exact_layers_selects_site_b_statistics_per_layer(exact_layers, expected: list[bool]) -> None:
+    """Which layers approximate; the approximated ones still get c, the exact ones don't need it."""
+    config = LlamaConfig.from_name(
+        "tiny", vocab_size=64, dim=32, n_layers=3, n_heads=4, n_kv_heads=2, norm="bhyt",
+        norm_args={"exact_layers": exact_layers},
+    )  # fmt: skip
+    model = _float64_model(config)
+    assert [layer.norms.approximate for layer in model.layers] == expected
+    assert [float(layer.norms.c) > 0 for layer in model.layers] == expected
+    names = {n for n, _ in model.named_parameters()}
+    assert "layers.0.norms.mlp_in.lambda_" in names and "layers.0.norms.attn_in.lambda_" in names
+
+
+def test_exact_layers_is_stored_hashable_and_validated() -> None:
+    from bhyt_pl.norms import BHyTScheme
+
+    a, b = BHyTScheme(exact_layers=[1, 0]), BHyTScheme(exact_layers=(0, 1))
+    assert a.exact_layers == (0, 1) and a == b and hash(a) == hash(b)
+    assert type(a)(**a.hparams()) == a
+    assert BHyTScheme(exact_layers=2).exact_layers == 2
+    assert BHyTScheme() != BHyTScheme(exact_layers=[0])
+    with pytest.raises(ValueError, match="exact_layers indices must be >= 0"):
+        BHyTScheme(exact_layers=[-1])
+    with pytest.raises(TypeError, match="exact_layers must be None, an int k"):
+        BHyTScheme(exact_layers="0,1")
+    with pytest.raises(ValueError, match=r"exact_layers \[0, 5\] names layers beyond the model's 3"):
+        Llama(LlamaConfig.from_name("tiny", vocab_size=64, dim=32, n_layers=3, norm="bhyt",
+                                    norm_args={"exact_layers": [0, 5]}))  # fmt: skip
