@@ -20,8 +20,9 @@ runs follow one another in one process. What a run measures:
 - trajectories: the depth statistics every ``trajectory_every`` optimizer steps (``TrajectoryRecorder``);
 - stability: ``StabilityMonitor`` on the training batch (``stability_every`` steps): the spike counts,
   the layer with the largest gradient norm and the last layer's attention entropy at each logging step;
-- layer importance: the validation loss with block ``i`` replaced by the identity, minus the full
-  model's, for every ``i`` (one block at a time; ``layer_importance``);
+- layer importance: the loss on the depth-statistics batch (the first validation batch) with block ``i``
+  replaced by the identity, minus the full model's, for every ``i`` (one block at a time;
+  ``layer_importance``);
 - divergence: ``DivergenceMonitor`` stops the fit at the first optimizer step whose loss is NaN/inf or
   above ``max_loss``; the step and loss are recorded and the logs written so far are kept.
 """
@@ -567,7 +568,8 @@ def run_one(
             result.val_loss = float(metrics["val/loss"])
             result.val_perplexity = float(metrics["val/perplexity"])
             if spec.importance:
-                result.importance_base_loss, result.importance = layer_importance(module, val_batches)
+                # the depth-statistics batch only: every block costs one forward of it (32 blocks ~ 11 steps)
+                result.importance_base_loss, result.importance = layer_importance(module, val_batches[:1])
     except Exception as exc:  # noqa: BLE001 - one failed run is recorded and must not end the whole study
         log.error("study run %s failed:\n%s", spec.label, traceback.format_exc())
         result.status, result.error = "error", f"{type(exc).__name__}: {exc}"
