@@ -749,8 +749,7 @@ def write_report(
         "",
         "![LR sensitivity](lr_sensitivity.png)",
         "",
-        "## Layer importance (loss increase on the first validation batch when one block is replaced by the "
-        "identity)",
+        "## Layer importance (loss increase on the first validation batch when one block is replaced by the identity)",
         "",
         importance_table(results, groups, chosen),
         "",
