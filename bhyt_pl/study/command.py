@@ -89,7 +89,7 @@ class Budget:
 
 # Sized on 2 CPU cores, one thread per worker (docs/depth_study.md has the measured times).
 FULL = Budget("deep-32x128", None, 200, 64, 8, 4, (1e-3, 3e-3, 1e-2), 3, 25)
-QUICK = Budget("deep-32x128", 8, 40, 64, 4, 2, (3e-3, 1e-2), 3, 10)
+QUICK = Budget("deep-32x128", 8, 60, 64, 8, 2, (3e-3, 1e-2), 3, 10)
 # lr 1e-2 trains and 1e-1 diverges for most schemes within 40 steps (docs/depth_study.md): the grids straddle it
 SWEEP = Budget("deep-32x128", None, 100, 64, 8, 2, (1e-2, 3e-2, 1e-1), 1, 0, depths=(8, 16, 32, 64))
 SWEEP_QUICK = Budget("deep-32x128", None, 40, 64, 4, 1, (1e-2, 1e-1, 1.0), 1, 0, depths=(4, 16))
