@@ -386,15 +386,65 @@ def importance_table(results: Sequence[RunResult], groups: Sequence[Any], chosen
     return _table(header, rows) if rows else "(layer importance not measured)"
 
 
+def approximation_table(results: Sequence[RunResult], groups: Sequence[Any], chosen: dict[str, str]) -> str:
+    """Where BHyT and BHyT* part: per BHyT-family group, site B's approximated over exact second moment
+    (``bhyt_moment_ratio``; 1 = exact) in the first 4 layers and the rest, over positions 0-7 and later, and
+    the last-layer magnitude and variance as a ratio to BHyT*'s (seed-paired, exp of the mean ln ratio)."""
+    star = next((g for g in groups if g.norm == "bhyt_exact"), None)
+    family = [g for g in groups if g.norm in ("bhyt", "bhyt_exact")]
+    if not family:
+        return "(no BHyT run)"
+
+    def ln_values(g: Any, metric: str) -> dict[int, float]:
+        v = per_seed(group_runs(results, g.label, chosen.get(g.label)), metric)
+        return {k: math.log(x) if x > 0 else math.nan for k, x in v.items()}
+
+    rows = []
+    for g in family:
+        runs = [r for r in group_runs(results, g.label, chosen.get(g.label)) if r.status == "ok"]
+        if not runs:
+            continue
+
+        def ratio(stat: str, lo: int, hi: int | None) -> str:
+            """Mean over the layers ``lo <= i < hi`` (0-based) that have the statistic, then over seeds."""
+            per_run = []
+            for r in runs:
+                layers = {int(k.rsplit("_", 1)[1]): v for k, v in r.depth_final.items() if k.startswith(stat + "/")}
+                per_run.append(_mean([v for i, v in layers.items() if i >= lo and (hi is None or i < hi)]))
+            return _num(_mean(per_run))
+
+        cells = [g.label, ratio("bhyt_moment_ratio", 0, 4), ratio("bhyt_moment_ratio", 4, None)]
+        cells += [ratio("bhyt_moment_ratio_first8", 0, None), ratio("bhyt_moment_ratio_rest", 0, None)]
+        for stat in ("magnitude", "variance"):
+            if star is None or g is star:
+                cells.append("-")
+                continue
+            d = stats.interval(stats.paired_differences(ln_values(g, stat), ln_values(star, stat)))
+            cells.append(f"{_num(math.exp(d.mean))} [{_num(math.exp(d.low))}, {_num(math.exp(d.high))}]")
+        rows.append(cells)
+    header = ["scheme", "moment ratio, layers 1-4", "layers 5-L", "positions 0-7", "positions 8+"]
+    header += ["last-layer magnitude / BHyT* [95% CI]", "last-layer variance / BHyT* [95% CI]"]
+    return _table(header, rows)
+
+
 # ----------------------------------------------------------------------------- claims
 @dataclass(frozen=True)
 class Claim:
-    """One tested claim: what is compared, the seed-paired difference, and the verdict."""
+    """One tested claim: what is compared, the seed-paired difference, the verdict, and (``room``) the
+    distance from the mean difference to the decision boundary in the paper's favour."""
 
     claim: str
     comparison: str
     difference: stats.Interval
     verdict: stats.Verdict
+    room: float = math.nan
+
+    @property
+    def seeds_needed(self) -> int | None:
+        """Seeds for a decisive interval at the measured mean and spread (inconclusive claims only)."""
+        if self.verdict.label != stats.INCONCLUSIVE:
+            return None
+        return stats.seeds_needed(self.difference, self.room)
 
 
 def _find(groups: Sequence[Any], norm: str, predicate: Callable[[dict[str, Any]], bool] = lambda a: True) -> Any:
@@ -438,6 +488,7 @@ def claims(results: Sequence[RunResult], groups: Sequence[Any], chosen: dict[str
                             f"ln {bhyt.label} - ln {other.label}",
                             d,
                             stats.verdict_direction(d, -1),
+                            -d.mean,
                         )
                     )
         for g in bhyt_groups:
@@ -449,12 +500,21 @@ def claims(results: Sequence[RunResult], groups: Sequence[Any], chosen: dict[str
                         f"val loss {g.label} - rmsnorm",
                         d,
                         stats.verdict_no_worse(d),
+                        0.02 - d.mean,
                     )
                 )
     for g in [x for x in (bhyt, exact_layers) if x is not None]:
         if star is not None:
             d = diff(g, star, "val_loss")
-            out.append(Claim("BHyT ~ BHyT* in loss", f"val loss {g.label} - {star.label}", d, stats.verdict_approx(d)))
+            out.append(
+                Claim(
+                    "BHyT ~ BHyT* in loss",
+                    f"val loss {g.label} - {star.label}",
+                    d,
+                    stats.verdict_approx(d),
+                    0.05 - abs(d.mean),
+                )
+            )
             for stat in ("magnitude", "variance"):
                 d = diff(g, star, stat)
                 out.append(
@@ -463,6 +523,7 @@ def claims(results: Sequence[RunResult], groups: Sequence[Any], chosen: dict[str
                         f"ln {g.label} - ln {star.label}",
                         d,
                         stats.verdict_approx(d),
+                        0.05 - abs(d.mean),
                     )
                 )
     order = [bhyt, base["lns"], base["rmsnorm"], base["peri_ln"], base["dyt"]]
@@ -476,6 +537,7 @@ def claims(results: Sequence[RunResult], groups: Sequence[Any], chosen: dict[str
                     f"val loss {a.label} - {b.label}",
                     d,
                     stats.verdict_direction(d, -1),
+                    -d.mean,
                 )
             )
     if base["lns"] is not None:
@@ -499,17 +561,41 @@ def claims(results: Sequence[RunResult], groups: Sequence[Any], chosen: dict[str
                     f"ln {g.label} - ln {base['lns'].label} (last-layer variance)",
                     d,
                     verdict,
+                    -d.mean,
                 )
             )
     return out
 
 
+def verdict_summary(items: Sequence[Claim]) -> list[str]:
+    """One line per verdict with the comparisons that received it (the report's plain summary)."""
+    lines = []
+    for label in (stats.REPRODUCED, stats.NOT_REPRODUCED, stats.INCONCLUSIVE, "outside the theorem"):
+        chosen_items = [c for c in items if c.verdict.label == label]
+        if chosen_items:
+            listed = "; ".join(f"{c.claim} ({c.comparison})" for c in chosen_items)
+            lines.append(f"- **{label}** ({len(chosen_items)}/{len(items)}): {listed}")
+    return lines
+
+
 def claims_table(items: Sequence[Claim]) -> str:
+    """The claims with their intervals and verdicts; for an inconclusive claim, the seeds a decisive interval
+    would need if the mean and spread stayed as measured ("-": the mean is on the wrong side or the spread
+    undefined)."""
     rows = [
-        [c.claim, c.comparison, str(c.difference.n), _ci(c.difference), f"**{c.verdict.label}**", c.verdict.rule]
+        [
+            c.claim,
+            c.comparison,
+            str(c.difference.n),
+            _ci(c.difference),
+            f"**{c.verdict.label}**",
+            c.verdict.rule,
+            str(c.seeds_needed) if c.seeds_needed else "-",
+        ]
         for c in items
     ]
     header = ["claim", "seed-paired difference", "pairs", "mean [95% CI] (min-max)", "verdict", "rule"]
+    header.append("seeds for a decisive CI")
     return _table(header, rows) if rows else "(no claim testable with these schemes)"
 
 
@@ -687,6 +773,7 @@ def write_report(
                 "difference": c.difference.__dict__,
                 "verdict": c.verdict.label,
                 "rule": c.verdict.rule,
+                "seeds_needed": c.seeds_needed,
             }
             for c in claims(results, groups, chosen)
         ]
@@ -733,6 +820,8 @@ def write_report(
         "",
         claims_table(claims(results, groups, chosen)),
         "",
+        *verdict_summary(claims(results, groups, chosen)),
+        "",
         "## Schemes at their chosen learning rate",
         "",
         "mean [95% t-interval] (min-max) over seeds; diverged runs are left out of the means. Last layer: "
@@ -754,6 +843,14 @@ def write_report(
         importance_table(results, groups, chosen),
         "",
         "![layer importance](layer_importance.png)",
+        "",
+        "## BHyT against BHyT* (the variance approximation of site B)",
+        "",
+        "Moment ratio: site B's approximated second moment over the exact one (1 = exact; below 1 the "
+        "approximation under-predicts and site B's tanh argument grows), mean over layers, positions and seeds; "
+        "n/a where site B is exact (BHyT*, exact_layers).",
+        "",
+        approximation_table(results, groups, chosen),
         "",
         "## Theorem condition lambda/kappa < 1/sqrt(L) (BHyT runs)",
         "",

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from scipy import stats as _scipy_stats
 
 __all__ = [
+    "seeds_needed",
     "Interval",
     "Verdict",
     "interval",
@@ -42,6 +43,13 @@ class Interval:
     @property
     def defined(self) -> bool:
         return self.n >= 2 and math.isfinite(self.low) and math.isfinite(self.high)
+
+    @property
+    def sd(self) -> float:
+        """The sample standard deviation the interval was built from (NaN when undefined)."""
+        if not self.defined:
+            return math.nan
+        return (self.high - self.mean) * math.sqrt(self.n) / float(_scipy_stats.t.ppf(0.975, self.n - 1))
 
 
 def interval(values: Sequence[float], confidence: float = 0.95) -> Interval:
@@ -113,3 +121,17 @@ def verdict_approx(diff: Interval, margin: float = 0.05) -> Verdict:
     if diff.low > margin or diff.high < -margin:
         return Verdict(NOT_REPRODUCED, rule)
     return Verdict(INCONCLUSIVE, rule + " (the CI crosses the margin)")
+
+
+def seeds_needed(diff: Interval, room: float, limit: int = 1000) -> int | None:
+    """Seeds a decisive 95 % interval would take if the mean and the spread stayed as measured: the smallest
+    ``n`` with ``t_{0.975, n-1} * sd / sqrt(n) < room`` (``room``: distance from the mean to the decision
+    boundary). None when the mean sits on the wrong side (``room <= 0``), the spread is undefined, or
+    more than ``limit`` would be needed."""
+    sd = diff.sd
+    if not room > 0 or not math.isfinite(sd):
+        return None
+    for n in range(2, limit + 1):
+        if float(_scipy_stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n) < room:
+            return n
+    return None

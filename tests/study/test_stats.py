@@ -123,3 +123,11 @@ def test_bad_grid_option_is_rejected() -> None:
         parse_group("bhyt:lambda_attn")
     with pytest.raises(ValueError, match="unknown scheme"):
         parse_group("nonorm")
+
+
+def test_seeds_needed_for_a_decisive_interval() -> None:
+    # mean -0.1, sd 0.2 (from 3 values): n seeds give half-width t_{n-1} * 0.2 / sqrt(n) < 0.1 first at n = 18
+    iv = stats.interval([-0.3, -0.1, 0.1])
+    assert iv.sd == pytest.approx(0.2)
+    assert stats.seeds_needed(iv, room=0.1) == 18  # t_16 = 2.120: 2.120 * 0.2 / sqrt(17) = 0.1028 >= 0.1
+    assert stats.seeds_needed(iv, room=-0.1) is None  # the mean is on the wrong side
