@@ -87,8 +87,12 @@ class Budget:
     depths: tuple[int, ...] = ()
 
 
-# Sized on 2 CPU cores, one thread per worker (docs/depth_study.md has the measured times).
-FULL = Budget("deep-32x128", None, 200, 64, 8, 4, (1e-3, 3e-3, 1e-2), 3, 25)
+# Sized on 2 CPU cores with --workers 2 (one thread each), from a 25-step timing run of the default model:
+# about 0.4 s of CPU per step of 8 x 64 tokens at 32 layers and 12 s per run for statistics, validation and
+# layer importance, so the default's 51 runs (33 selection runs: 8 schemes + 3 DyT alphas x 3 lrs; then
+# 2 more seeds of 9 schemes) take about 51 x 84 s / 2 = 36 min (+ contention of two workers). --quick: 40
+# runs of 8 layers, about 4 min.
+FULL = Budget("deep-32x128", None, 180, 64, 8, 4, (1e-3, 3e-3, 1e-2), 3, 20)
 QUICK = Budget("deep-32x128", 8, 60, 64, 8, 2, (3e-3, 1e-2), 3, 10)
 # lr 1e-2 trains and 1e-1 diverges for most schemes within 40 steps (docs/depth_study.md): the grids straddle it
 SWEEP = Budget("deep-32x128", None, 100, 64, 8, 2, (1e-2, 3e-2, 1e-1), 1, 0, depths=(8, 16, 32, 64))
@@ -106,7 +110,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m bhyt_pl study",
         description="Train every norm scheme over seeds with its own learning rate (chosen on the first seed from "
-        "--lrs by validation loss) and report claims with seed-paired 95%% intervals, depth trajectories, "
+        "--lrs by validation loss) and report claims with seed-paired 95% intervals, depth trajectories, "
         "stability columns, LR sensitivity and layer importance (--sweep: stability grid over depth x LR).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -131,7 +135,10 @@ def parser() -> argparse.ArgumentParser:
         "--lrs", type=float, nargs="+", default=None, help=f"learning-rate grid; default {' '.join(map(str, FULL.lrs))}"
     )
     model.add_argument(
-        "--seeds", type=int, default=None, help=f"seeds per scheme (init and data order); default {FULL.seeds}"
+        "--seeds",
+        type=int,
+        default=None,
+        help=f"seeds per scheme (init and data order); default {FULL.seeds} (--sweep: {SWEEP.seeds})",
     )
     model.add_argument("--depths", type=int, nargs="+", default=None, help=f"sweep depths; default {SWEEP.depths}")
     model.add_argument("--warmup-ratio", type=float, default=0.05, help="linear warmup fraction of the steps")
