@@ -356,6 +356,41 @@ def lr_table(results: Sequence[RunResult], groups: Sequence[Any], chosen: dict[s
     return _table(["scheme", "candidate"] + [f"lr {lr:g}" for lr in lrs], rows)
 
 
+def budget_lines(
+    results: Sequence[RunResult], groups: Sequence[Any], chosen: dict[str, str], meta: dict[str, Any]
+) -> list[str]:
+    """How far training got: the schemes' mean validation loss against the unigram loss of the same tokens."""
+    unigram = meta.get("unigram_loss")
+    means = {
+        g.label: _mean(list(per_seed(group_runs(results, g.label, chosen.get(g.label)), "val_loss").values()))
+        for g in groups
+    }
+    means = {k: v for k, v in means.items() if math.isfinite(v)}
+    if unigram is None or not means:
+        return []
+    gap = {k: v - unigram for k, v in means.items()}
+    lo, hi = min(gap, key=gap.get), max(gap, key=gap.get)
+    return [
+        f"Training budget: {meta.get('tokens_per_run', '?')} training tokens per run. The unigram loss of the "
+        f"validation tokens (token frequencies of 32 training batches) is {unigram:.3f} nats; mean validation "
+        f"loss minus it: {gap[lo]:+.3f} ({lo}) to {gap[hi]:+.3f} ({hi}) nats (negative: below the unigram level)."
+    ]
+
+
+def divergence_edge(results: Sequence[RunResult]) -> str:
+    """Where the learning-rate grid diverged: the lowest diverging learning rate per candidate, or none."""
+    first = [r for r in results if seed_index(r) == 0]
+    diverged = sorted({(r.spec.label.split("@", 1)[0], r.spec.lr) for r in first if r.status == "diverged"})
+    if not diverged:
+        top = max((r.spec.lr for r in first), default=math.nan)
+        return f"Divergence edge: no selection run diverged, so the edge lies above the grid's largest LR ({top:g})."
+    edge: dict[str, float] = {}
+    for label, lr in diverged:
+        edge[label] = min(lr, edge.get(label, math.inf))
+    listed = ", ".join(f"{label} from lr {lr:g}" for label, lr in edge.items())
+    return f"Divergence edge (lowest diverging learning rate of the grid): {listed}; the others trained at every LR."
+
+
 def importance_table(results: Sequence[RunResult], groups: Sequence[Any], chosen: dict[str, str]) -> str:
     """Layer importance: validation-loss increase when one block is skipped, mean over seeds, summarised by
     depth quarter, with the number of blocks whose removal costs less than 0.01 nats."""
@@ -832,9 +867,13 @@ def write_report(
         "",
         group_table(results, groups, chosen),
         "",
+        *budget_lines(results, groups, chosen, meta),
+        "",
         "## Learning-rate sensitivity (first seed, validation loss; bold: chosen)",
         "",
         lr_table(results, groups, chosen),
+        "",
+        divergence_edge(results),
         "",
         "![LR sensitivity](lr_sensitivity.png)",
         "",
