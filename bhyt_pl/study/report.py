@@ -635,7 +635,16 @@ def claims_table(items: Sequence[Claim]) -> str:
 
 
 # ----------------------------------------------------------------------------- figures
-def _band(ax: Any, x: Sequence[float], series: list[list[float]], label: str) -> None:
+def _color(groups: Sequence[Any], label: str) -> Any:
+    """One colour per scheme group, the same in every panel and figure."""
+    from matplotlib import colormaps
+
+    labels = [g.label for g in groups]
+    palette = colormaps["tab10" if len(labels) <= 10 else "tab20"]
+    return palette(labels.index(label) % palette.N)
+
+
+def _band(ax: Any, x: Sequence[float], series: list[list[float]], label: str, color: Any = None) -> None:
     """Mean over seeds with a min-max band."""
     import numpy as np
 
@@ -646,7 +655,7 @@ def _band(ax: Any, x: Sequence[float], series: list[list[float]], label: str) ->
     with np.errstate(all="ignore"):
         mean = np.nanmean(arr, axis=0)
         low, high = np.nanmin(arr, axis=0), np.nanmax(arr, axis=0)
-    (line,) = ax.plot(list(x)[:n], mean, marker="o", markersize=2, linewidth=1.2, label=label)
+    (line,) = ax.plot(list(x)[:n], mean, marker="o", markersize=2, linewidth=1.2, label=label, color=color)
     ax.fill_between(list(x)[:n], low, high, color=line.get_color(), alpha=0.2, linewidth=0)
 
 
@@ -666,7 +675,7 @@ def depth_profile_figure(
             series = [layer_series(r.depth_final, stat) for r in runs]
             series = [s for s in series if s]
             if series:
-                _band(ax, range(1, len(series[0]) + 1), series, g.label)
+                _band(ax, range(1, len(series[0]) + 1), series, g.label, _color(groups, g.label))
         ax.set_yscale("log")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("layer (block output)")
@@ -698,7 +707,7 @@ def trajectory_figure(results: Sequence[RunResult], groups: Sequence[Any], chose
                 continue
             steps = [p["step"] for p in runs[0].trajectory]
             series = [[fn(p) for p in r.trajectory] for r in runs]
-            _band(ax, steps, series, g.label)
+            _band(ax, steps, series, g.label, _color(groups, g.label))
         if log_scale:
             ax.set_yscale("log")
         ax.set_xlabel("optimizer step")
@@ -755,7 +764,13 @@ def importance_figure(results: Sequence[RunResult], groups: Sequence[Any], chose
     for g in groups:
         runs = [r for r in group_runs(results, g.label, chosen.get(g.label)) if r.status == "ok" and r.importance]
         if runs:
-            _band(ax, range(1, len(runs[0].importance) + 1), [r.importance for r in runs], g.label)
+            _band(
+                ax,
+                range(1, len(runs[0].importance) + 1),
+                [r.importance for r in runs],
+                g.label,
+                _color(groups, g.label),
+            )
     ax.set_yscale("symlog", linthresh=1e-3)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("block replaced by the identity")
@@ -776,7 +791,13 @@ def loss_figure(results: Sequence[RunResult], groups: Sequence[Any], chosen: dic
     for g in groups:
         runs = [r for r in group_runs(results, g.label, chosen.get(g.label)) if r.status == "ok" and r.losses]
         if runs:
-            _band(ax, [s for s, _ in runs[0].losses], [[v for _, v in r.losses] for r in runs], g.label)
+            _band(
+                ax,
+                [s for s, _ in runs[0].losses],
+                [[v for _, v in r.losses] for r in runs],
+                g.label,
+                _color(groups, g.label),
+            )
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("training loss")
     ax.set_title(title)
