@@ -352,7 +352,7 @@ class Scheduler:
         """Yields results until nothing is pending (callers may submit more while iterating)."""
         while self.pending:
             done, _ = wait(list(self.pending), return_when=FIRST_COMPLETED)
-            for future in done:
+            for future in [f for f in self.pending if f in done]:  # in submission order: deterministic reports
                 spec = self.pending.pop(future)
                 try:
                     result = future.result()
@@ -388,7 +388,10 @@ def run_depth_study(
                 chosen[group] = winner.spec.label
                 scheduler.submit(seed_specs(next(g for g in groups if g.label == group), winner, n_seeds, base))
     order = {s.label: i for i, s in enumerate(s for specs in first.values() for s in specs)}
-    results = sorted(by_label.values(), key=lambda r: (r.spec.group, order.get(r.spec.label, 0), r.spec.seed))
+    group_order = {g.label: i for i, g in enumerate(groups)}
+    results = sorted(
+        by_label.values(), key=lambda r: (group_order[r.spec.group], r.spec.seed, order.get(r.spec.label, 0))
+    )
     return results, chosen
 
 
@@ -495,9 +498,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with executor:
             if args.sweep:
-                scheduler.submit(sweep_specs(groups, budget.depths, budget.lrs, budget.seeds, base))
+                specs = sweep_specs(groups, budget.depths, budget.lrs, budget.seeds, base)
+                scheduler.submit(specs)
                 for result in scheduler.finished():
                     record(result)
+                order = {spec.label: i for i, spec in enumerate(specs)}
+                results.sort(key=lambda r: order[r.spec.label])
             else:
                 done, picked = run_depth_study(groups, budget.lrs, budget.seeds, base, scheduler, record)
                 chosen.update(picked)
