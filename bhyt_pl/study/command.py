@@ -1,21 +1,22 @@
 """``python -m bhyt_pl study``: the depth study and the stability sweep (docs/depth_study.md).
 
-Depth study (default): every scheme trained with the same seed, data, budget and learning rate on a
-deep, narrow model; writes ``report.md`` (final train/validation loss, perplexity, tokens/s,
-last-layer magnitude and variance at initialisation and at the end, divergence), ``depth_init.png``,
-``depth_final.png`` (paper Figure 3 view: every scheme on one plot), ``loss.png``, ``results.json``
-and one ``runs/<label>/`` folder per run (CSV logs, ``result.json``).
+Depth study (default): every ``--schemes`` group, seeded ``--seeds`` times, with its learning rate (and
+grid options such as DyT's alpha) chosen on the first seed from the ``--lrs`` grid by validation loss
+(``bhyt_pl.study.plan``). Writes ``report.md`` (claims table with verdicts from seed-paired 95 %
+t-intervals, per-group table with mean, interval and min-max, LR sensitivity, layer importance,
+StabilityMonitor columns, robust depth statistics), figures (depth profile with a seed band,
+trajectories, LR sensitivity, layer importance, loss), ``results.json`` (every run of every seed) and
+one ``runs/<label>/`` folder per run. A killed study resumes: runs whose ``result.json`` matches their
+spec are read back instead of retrained.
 
-Stability sweep (``--sweep``): schemes x depths x learning rates; ``report.md`` with the grid as a
-table and ``sweep_grid.png``.
+Stability sweep (``--sweep``): schemes x ``--depths`` x ``--lrs`` x seeds; ``report.md`` with the grid.
 
 Examples::
 
-    python -m bhyt_pl study --quick                       # minutes on a laptop CPU
-    python -m bhyt_pl study                               # the committed report (docs/depth_study.md)
+    python -m bhyt_pl study --quick --workers 2           # at most 10 minutes on 2 CPU cores
+    python -m bhyt_pl study --workers 2                   # the committed report (docs/depth_study.md)
     python -m bhyt_pl study --sweep --quick               # small stability grid
-    python -m bhyt_pl study --preset llama-374m --data-files none --tokenizer meta-llama/Llama-3.2-1B \\
-        --seq-len 1024 --batch-size 16 --steps 5000 --lr 3e-4 --accelerator gpu --precision bf16-mixed
+    python -m bhyt_pl study --schemes rmsnorm "bhyt:lambda_attn=1.0|2.0" --seeds 5 --lrs 1e-3 3e-3
 """
 
 from __future__ import annotations
@@ -25,31 +26,51 @@ import ast
 import json
 import logging
 import math
+import os
 import shlex
 import sys
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, wait
+from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from bhyt_pl.bench.variants import Variant, parse_variant
 from bhyt_pl.config import PRESETS, LlamaConfig
 from bhyt_pl.study import report
-from bhyt_pl.study.runner import RunResult, RunSpec, TrainerSettings, run_one
-from bhyt_pl.study.sweep import depth_study_specs, sweep_specs
+from bhyt_pl.study.plan import SchemeGroup, choose, parse_group, seed_specs, selection_specs, sweep_specs
+from bhyt_pl.study.runner import RunResult, RunSpec, TrainerSettings, run_dirname, run_one
 from bhyt_pl.validation import raise_if_problems
 
-__all__ = ["DEFAULT_SCHEMES", "FULL", "QUICK", "SWEEP", "SWEEP_QUICK", "Budget", "main", "parser"]
+__all__ = ["DEFAULT_SCHEMES", "FULL", "QUICK", "REMOVED_FLAGS", "SWEEP", "SWEEP_QUICK", "Budget", "main", "parser"]
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SCHEMES = ("rmsnorm", "layernorm", "peri_ln", "lns", "dyt", "bhyt", "bhyt_exact")
-"""The schemes of the BHyT paper's comparison; ``rmsnorm`` is the reference of the loss comparison. Any other
-registered scheme (``derf``, ``dyisru``, ``seednorm``, ``post_ln``, ``mix_ln``, your own) runs with ``--schemes``."""
+DEFAULT_SCHEMES = (
+    "rmsnorm",
+    "layernorm",
+    "lns",
+    "peri_ln",
+    "dyt:alpha_attn=0.5|1.0|2.0",
+    "bhyt",
+    "bhyt:lambda_attn=1.0",
+    "bhyt:exact_layers=4",
+    "bhyt_exact",
+)
+"""``rmsnorm`` is the reference; DyT over an alpha grid (its width-dependent alpha is untuned here); BHyT
+at lambda_attn 2 (released default) and 1 (the paper's text); BHyT with exact statistics in the first 4
+layers (the approximation ablation); BHyT* (exact everywhere). Any other registered scheme (``derf``,
+``dyisru``, ``seednorm``, ``post_ln``, ``mix_ln``, your own) runs with ``--schemes``."""
+
+REMOVED_FLAGS = {
+    "--seed": "--seeds N (N seeds: 42, 43, ...; each seeds the initialisation and the data order)",
+    "--data-seed": "--seeds N (seed i shuffles the data with 42 + i)",
+    "--lr": "--lrs LR [LR ...] (the learning-rate grid; one value: that learning rate for every scheme)",
+}
+"""Flags of study v1 and what replaces them (a removed flag is an error naming its replacement)."""
 
 
 @dataclass(frozen=True)
@@ -62,29 +83,42 @@ class Budget:
     seq_len: int
     batch_size: int
     val_batches: int
-    lr: float
+    lrs: tuple[float, ...]
+    seeds: int
+    trajectory_every: int
     depths: tuple[int, ...] = ()
-    lrs: tuple[float, ...] = ()
 
 
-# Sized on 2 shared CPU cores (docs/depth_study.md has the measured times).
-FULL = Budget("deep-32x128", None, 200, 64, 8, 8, 3e-3)
-QUICK = Budget("deep-32x128", 8, 60, 64, 8, 4, 3e-3)
+# Sized on 2 CPU cores with --workers 2 (one thread each), from a 25-step timing run of the default model:
+# about 0.4 s of CPU per step of 8 x 64 tokens at 32 layers and 12 s per run for statistics, validation and
+# layer importance, so the default's 51 runs (33 selection runs: 8 schemes + 3 DyT alphas x 3 lrs; then
+# 2 more seeds of 9 schemes) take about 51 x 84 s / 2 = 36 min (+ contention of two workers). --quick: 40
+# runs of 8 layers, about 4 min.
+FULL = Budget("deep-32x128", None, 180, 64, 8, 4, (1e-3, 3e-3, 1e-2), 3, 20)
+QUICK = Budget("deep-32x128", 8, 60, 64, 8, 2, (3e-3, 1e-2), 3, 10)
 # lr 1e-2 trains and 1e-1 diverges for most schemes within 40 steps (docs/depth_study.md): the grids straddle it
-SWEEP = Budget("deep-32x128", None, 100, 64, 8, 2, 3e-3, depths=(8, 16, 32, 64), lrs=(1e-2, 3e-2, 1e-1))
-SWEEP_QUICK = Budget("deep-32x128", None, 40, 64, 4, 1, 3e-3, depths=(4, 16), lrs=(1e-2, 1e-1, 1.0))
+SWEEP = Budget("deep-32x128", None, 100, 64, 8, 2, (1e-2, 3e-2, 1e-1), 1, 0, depths=(8, 16, 32, 64))
+SWEEP_QUICK = Budget("deep-32x128", None, 40, 64, 4, 1, (1e-2, 1e-1, 1.0), 1, 0, depths=(4, 16))
+
+
+class _Removed(argparse.Action):
+    """A removed flag: parsing fails with the name of its replacement."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option_string: Any = None) -> None:
+        parser.error(f"{option_string} was removed; use {REMOVED_FLAGS[option_string]}")
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m bhyt_pl study",
-        description="Train every norm scheme with the same seed, data and budget and report depth-wise activation "
-        "magnitude/variance, losses, throughput and divergence (--sweep: stability grid over depth x learning rate).",
+        description="Train every norm scheme over seeds with its own learning rate (chosen on the first seed from "
+        "--lrs by validation loss) and report claims with seed-paired 95% intervals, depth trajectories, "
+        "stability columns, LR sensitivity and layer importance (--sweep: stability grid over depth x LR).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     mode = p.add_argument_group("mode")
-    mode.add_argument("--quick", action="store_true", help="small budget (minutes on 2 CPU cores)")
-    mode.add_argument("--sweep", action="store_true", help="stability sweep: schemes x --depths x --lrs")
+    mode.add_argument("--quick", action="store_true", help="small budget (at most 10 minutes on 2 CPU cores)")
+    mode.add_argument("--sweep", action="store_true", help="stability sweep: schemes x --depths x --lrs x --seeds")
     model = p.add_argument_group("model and budget (unset: the mode's default, see docs/depth_study.md)")
     model.add_argument("--preset", choices=sorted(PRESETS), default=None, help=f"model preset; default {FULL.preset}")
     model.add_argument("--layers", type=int, default=None, help="override the preset's n_layers (not with --sweep)")
@@ -95,13 +129,20 @@ def parser() -> argparse.ArgumentParser:
         "--schemes",
         nargs="+",
         default=list(DEFAULT_SCHEMES),
-        help="schemes, each name[:key=value,...] (e.g. bhyt:lambda_attn=0.1,lambda_mlp=0.1)",
+        help="scheme groups, each name[:key=value,...] for any registered scheme; key=v1|v2 is a grid searched "
+        "on the first seed with the learning rate (e.g. dyt:alpha_attn=0.5|1.0)",
     )
     model.add_argument("--steps", type=int, default=None, help=f"optimizer steps per run; default {FULL.steps}")
-    model.add_argument("--lr", type=float, default=None, help=f"peak learning rate (depth study); default {FULL.lr}")
+    model.add_argument(
+        "--lrs", type=float, nargs="+", default=None, help=f"learning-rate grid; default {' '.join(map(str, FULL.lrs))}"
+    )
+    model.add_argument(
+        "--seeds",
+        type=int,
+        default=None,
+        help=f"seeds per scheme (init and data order); default {FULL.seeds} (--sweep: {SWEEP.seeds})",
+    )
     model.add_argument("--depths", type=int, nargs="+", default=None, help=f"sweep depths; default {SWEEP.depths}")
-    model.add_argument("--lrs", type=float, nargs="+", default=None, help=f"sweep learning rates; default {SWEEP.lrs}")
-    model.add_argument("--seed", type=int, default=42, help="seed of the model init (same for every run)")
     model.add_argument("--warmup-ratio", type=float, default=0.05, help="linear warmup fraction of the steps")
     model.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay (matrices only)")
     model.add_argument("--grad-clip", type=float, default=1.0, help="gradient norm clip")
@@ -111,6 +152,13 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="divergence bound on the training loss (NaN/inf always diverges); default 1.5 * ln(vocab_size)",
     )
+    model.add_argument(
+        "--trajectory-every",
+        type=int,
+        default=None,
+        help=f"depth statistics every N steps (0: init and end only); default {FULL.trajectory_every}",
+    )
+    model.add_argument("--no-importance", action="store_true", help="skip the layer-importance measurement")
     data = p.add_argument_group("data (C4DataModule)")
     data.add_argument(
         "--data-files",
@@ -122,16 +170,25 @@ def parser() -> argparse.ArgumentParser:
     data.add_argument("--seq-len", type=int, default=None, help=f"training sequence length; default {FULL.seq_len}")
     data.add_argument("--batch-size", type=int, default=None, help=f"sequences per step; default {FULL.batch_size}")
     data.add_argument("--val-batches", type=int, default=None, help="fixed validation batches (the first: depth stats)")
-    data.add_argument("--data-seed", type=int, default=42, help="shuffle seed of the training stream")
     data.add_argument("--shuffle-buffer", type=int, default=1000, help="documents in the streaming shuffle buffer")
     data.add_argument("--num-workers", type=int, default=0, help="DataLoader workers")
     hw = p.add_argument_group("hardware (L.Trainer)")
     hw.add_argument("--accelerator", default="cpu", help="cpu, gpu, auto, ...")
     hw.add_argument("--devices", default="1", help="devices per run; more than 1: launch with torchrun")
     hw.add_argument("--precision", default="32-true", help="32-true, bf16-mixed, ...")
-    hw.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    hw.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="runs in parallel, one process with one torch thread each (CPU: at most the physical cores, "
+        f"{os.cpu_count()} CPUs here); 1: runs one after another in this process",
+    )
+    hw.add_argument("--threads", type=int, default=None, help="torch CPU threads with --workers 1 (default: torch's)")
     hw.add_argument("--progress-bar", action="store_true", help="show Lightning's progress bar")
     p.add_argument("--out", type=Path, default=None, help="report folder; default runs/study[-sweep][-quick]")
+    p.add_argument("--restart", action="store_true", help="retrain every run (default: resume, reusing finished runs)")
+    for flag in REMOVED_FLAGS:
+        p.add_argument(flag, action=_Removed, help=argparse.SUPPRESS)
     return p
 
 
@@ -155,29 +212,40 @@ def _parse_overrides(items: Sequence[str]) -> dict[str, Any]:
 def resolve(args: argparse.Namespace) -> tuple[Budget, dict[str, Any]]:
     """The budget (mode defaults, then explicit options) and the model overrides; fails early on bad values."""
     base = (SWEEP_QUICK if args.quick else SWEEP) if args.sweep else (QUICK if args.quick else FULL)
+
+    def pick(name: str, value: Any) -> Any:
+        return value if value is not None else getattr(base, name)
+
     budget = Budget(
         preset=args.preset or base.preset,
-        layers=args.layers if args.layers is not None else base.layers,
-        steps=args.steps if args.steps is not None else base.steps,
-        seq_len=args.seq_len if args.seq_len is not None else base.seq_len,
-        batch_size=args.batch_size if args.batch_size is not None else base.batch_size,
-        val_batches=args.val_batches if args.val_batches is not None else base.val_batches,
-        lr=args.lr if args.lr is not None else base.lr,
-        depths=tuple(args.depths) if args.depths else base.depths,
+        layers=pick("layers", args.layers),
+        steps=pick("steps", args.steps),
+        seq_len=pick("seq_len", args.seq_len),
+        batch_size=pick("batch_size", args.batch_size),
+        val_batches=pick("val_batches", args.val_batches),
         lrs=tuple(args.lrs) if args.lrs else base.lrs,
+        seeds=pick("seeds", args.seeds),
+        trajectory_every=pick("trajectory_every", args.trajectory_every),
+        depths=tuple(args.depths) if args.depths else base.depths,
     )
     problems = []
-    for name in ("steps", "seq_len", "batch_size", "val_batches"):
+    for name in ("steps", "seq_len", "batch_size", "val_batches", "seeds"):
         if getattr(budget, name) < 1:
             problems.append(f"--{name.replace('_', '-')} must be >= 1, got {getattr(budget, name)}")
+    if budget.trajectory_every < 0:
+        problems.append(f"--trajectory-every must be >= 0, got {budget.trajectory_every}")
+    if args.workers < 1:
+        problems.append(f"--workers must be >= 1, got {args.workers}")
     if budget.layers is not None and budget.layers < 1:
         problems.append(f"--layers must be >= 1, got {budget.layers}")
-    if args.sweep and budget.layers is not None and args.layers is not None:
+    if args.sweep and args.layers is not None:
         problems.append("--layers does not apply to --sweep; give the depths with --depths")
-    if args.sweep and (any(d < 1 for d in budget.depths) or any(not lr > 0 for lr in budget.lrs)):
-        problems.append(f"--depths must be >= 1 and --lrs > 0, got {budget.depths} and {budget.lrs}")
-    if not args.sweep and not budget.lr > 0:
-        problems.append(f"--lr must be > 0, got {budget.lr}")
+    if args.sweep and any(d < 1 for d in budget.depths):
+        problems.append(f"--depths must be >= 1, got {budget.depths}")
+    if any(not lr > 0 for lr in budget.lrs):
+        problems.append(f"--lrs must be > 0, got {budget.lrs}")
+    if len(set(budget.lrs)) != len(budget.lrs):
+        problems.append(f"--lrs has duplicates: {budget.lrs}")
     if args.max_loss is not None and not args.max_loss > 0:
         problems.append(f"--max-loss must be > 0, got {args.max_loss}")
     overrides: dict[str, Any] = {}
@@ -197,7 +265,8 @@ def resolve(args: argparse.Namespace) -> tuple[Budget, dict[str, Any]]:
     return budget, overrides
 
 
-def _datamodule(args: argparse.Namespace, budget: Budget):  # -> C4DataModule
+def make_datamodule(args: argparse.Namespace, budget: Budget, data_seed: int):  # -> C4DataModule
+    """A fresh ``C4DataModule`` with the study's data and shapes, shuffled with ``data_seed``."""
     from bhyt_pl.data import C4DataModule
 
     data_files = None if str(args.data_files).lower() == "none" else args.data_files
@@ -209,7 +278,7 @@ def _datamodule(args: argparse.Namespace, budget: Budget):  # -> C4DataModule
         batch_size=budget.batch_size,
         num_workers=args.num_workers,
         shuffle_buffer=args.shuffle_buffer,
-        seed=args.data_seed,
+        seed=data_seed,
     )
 
 
@@ -231,81 +300,121 @@ def fixed_batches(datamodule: Any, count: int) -> list[dict[str, torch.Tensor]]:
     return batches
 
 
-def write_report(
-    out: Path, results: list[RunResult], meta: dict[str, Any], sweep: bool, max_loss: float, figures: bool = True
-) -> dict[str, Path]:
-    """``results.json``, ``report.md`` and (``figures``) the PNGs under ``out``; returns the written paths."""
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {"results": out / "results.json", "report": out / "report.md"}
-    paths["results"].write_text(json.dumps({"meta": meta, "runs": [r.to_dict() for r in results]}, indent=1))
-    title = f"{meta['preset']} ({meta['n_layers_label']} layers), {meta['steps']} steps, seq {meta['seq_len']}"
-    lines = [f"# {'Stability sweep' if sweep else 'Depth study'}", "", f"Command: `{meta['command']}`", ""]
-    lines += [f"- {k}: {v}" for k, v in meta.items() if k not in ("command", "machine", "n_layers_label")]
-    lines.append(f"- layers: {meta['n_layers_label']}")
-    lines.append("- machine: " + ", ".join(f"{k} {v}" for k, v in meta["machine"].items()))
-    lines.append("")
-    if sweep:
-        if figures:
-            paths["grid"] = report.save_figure(report.sweep_figure(results, max_loss), out / "sweep_grid.png")
-        lines += [
-            f"Final training loss (mean of the last 10% of steps); **diverged**: loss NaN/inf or > {max_loss:.3g} "
-            "at that step.",
-            "",
-            report.sweep_table(results),
-            "",
-            "![stability grid](sweep_grid.png)",
-        ]
-    else:
-        if figures:
-            paths["depth_init"] = report.save_figure(
-                report.depth_figure(results, "init", f"at initialisation: {title}"), out / "depth_init.png"
-            )
-            paths["depth_final"] = report.save_figure(
-                report.depth_figure(results, "final", f"after training: {title}"), out / "depth_final.png"
-            )
-            paths["loss"] = report.save_figure(report.loss_figure(results, title), out / "loss.png")
-        facts = report.orderings(results)
-        lines += [
-            "train loss: mean of the last 10% of steps; val loss/ppl: token-weighted over the fixed validation "
-            f"batches; tokens/s: training tokens / wall time of the training loop; diverged: loss NaN/inf or > "
-            f"{max_loss:.3g}. Magnitude and variance: last block's output on the fixed batch, eval mode.",
-            "",
-            report.results_table(results),
-            "",
-            "## Theorem condition lambda/kappa < 1/sqrt(L) (BHyT runs)",
-            "",
-            report.bound_table(results),
-            "",
-            "## Orderings at the end (largest first; diverged runs left out)",
-            "",
-        ]
-        for stat in ("magnitude", "variance"):
-            order = " > ".join(f"{name} ({report._num(v)})" for name, v in facts[f"{stat}_order"])
-            lines.append(f"- last-layer {stat}: {order}")
-        for key in ("val_loss_minus_reference", "train_loss_minus_reference"):
-            if key in facts:
-                diffs = ", ".join(f"{k} {v:+.3f}" for k, v in facts[key].items())
-                lines.append(f"- {key.replace('_', ' ')} (rmsnorm): {diffs}")
-        lines += ["", "![at initialisation](depth_init.png)", "", "![after training](depth_final.png)", ""]
-        lines += ["![training loss](loss.png)"]
-    paths["report"].write_text("\n".join(lines) + "\n")
-    return paths
+# ----------------------------------------------------------------------------- running
+def finished_result(out: Path, spec: RunSpec) -> RunResult | None:
+    """The run's stored result when it finished (ok or diverged) with exactly this spec, else None (resume)."""
+    path = out / "runs" / run_dirname(spec.label) / "result.json"
+    try:
+        stored = json.loads(path.read_text())
+        if stored.get("status") not in ("ok", "diverged"):
+            return None
+        if stored["spec"] != json.loads(json.dumps(asdict(spec), default=str)):
+            return None
+        return RunResult.from_dict(stored)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _init_worker() -> None:
+    torch.set_num_threads(1)  # one thread per process: --workers processes share the cores without oversubscription
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+
+
+class _InlineExecutor(Executor):
+    """Runs each submitted call at once in this process (``--workers 1``): same loop, no pickling."""
+
+    def submit(self, fn: Callable, /, *args: Any, **kwargs: Any) -> Future:
+        future: Future = Future()
+        future.set_result(fn(*args, **kwargs))
+        return future
+
+
+class Scheduler:
+    """Submits runs to an executor, reusing finished ones (resume), and hands results back as they finish."""
+
+    def __init__(self, executor: Executor, run: Callable[[RunSpec], RunResult], out: Path, resume: bool) -> None:
+        self.executor, self.run, self.out, self.resume = executor, run, out, resume
+        self.pending: dict[Future, RunSpec] = {}
+        self.reused: list[str] = []
+
+    def submit(self, specs: Iterable[RunSpec]) -> None:
+        for spec in specs:
+            stored = finished_result(self.out, spec) if self.resume else None
+            if stored is not None:
+                self.reused.append(spec.label)
+                future: Future = Future()
+                future.set_result(stored)
+            else:
+                log.info("study run: %s", spec.label)
+                future = self.executor.submit(self.run, spec)
+            self.pending[future] = spec
+
+    def finished(self) -> Iterable[RunResult]:
+        """Yields results until nothing is pending (callers may submit more while iterating)."""
+        while self.pending:
+            done, _ = wait(list(self.pending), return_when=FIRST_COMPLETED)
+            for future in [f for f in self.pending if f in done]:  # in submission order: deterministic reports
+                spec = self.pending.pop(future)
+                try:
+                    result = future.result()
+                except Exception as exc:  # noqa: BLE001 - a crashed worker is one failed run
+                    result = RunResult(spec=spec, status="error", error=f"{type(exc).__name__}: {exc}")
+                yield result
+
+
+def run_depth_study(
+    groups: Sequence[SchemeGroup],
+    lrs: Sequence[float],
+    n_seeds: int,
+    base: RunSpec,
+    scheduler: Scheduler,
+    on_result: Callable[[RunResult], None] = lambda r: None,
+) -> tuple[list[RunResult], dict[str, str]]:
+    """The protocol of ``bhyt_pl.study.plan``: selection runs on the first seed, then each group's remaining
+    seeds as soon as its selection is complete. Returns every result and each group's chosen run label."""
+    first = {g.label: selection_specs(g, lrs, base) for g in groups}
+    waiting = {g.label: {s.label for s in first[g.label]} for g in groups}
+    by_label: dict[str, RunResult] = {}
+    chosen: dict[str, str] = {}
+    for g in groups:
+        scheduler.submit(first[g.label])
+    for result in scheduler.finished():
+        by_label[result.spec.label] = result
+        on_result(result)
+        group = result.spec.group
+        if result.spec.label in waiting.get(group, ()):
+            waiting[group].discard(result.spec.label)
+            if not waiting[group]:
+                winner = choose([by_label[s.label] for s in first[group]])
+                chosen[group] = winner.spec.label
+                scheduler.submit(seed_specs(next(g for g in groups if g.label == group), winner, n_seeds, base))
+    order = {s.label: i for i, s in enumerate(s for specs in first.values() for s in specs)}
+    group_order = {g.label: i for i, g in enumerate(groups)}
+    results = sorted(
+        by_label.values(), key=lambda r: (group_order[r.spec.group], r.spec.seed, order.get(r.spec.label, 0))
+    )
+    return results, chosen
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the study; 0 when every run finished or diverged (a result), 1 when a run failed with an error."""
     from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
+    from bhyt_pl.bench.timing import machine_info
+
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser().parse_args(argv)
+    try:
+        args = parser().parse_args(argv)
+    except SystemExit as exc:  # argparse already printed the message
+        return int(exc.code or 0)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         budget, overrides = resolve(args)
-        variants: list[Variant] = [parse_variant(s) for s in args.schemes]
+        groups = [parse_group(s) for s in args.schemes]
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    labels = [v.label for v in variants]
+    labels = [g.label for g in groups]
     if len(set(labels)) != len(labels):
         print(f"error: --schemes has duplicates: {labels}", file=sys.stderr)
         return 2
@@ -313,74 +422,146 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     mode = "study" + ("-sweep" if args.sweep else "") + ("-quick" if args.quick else "")
     out: Path = args.out if args.out is not None else Path("runs") / mode
-    vocab = LlamaConfig.from_name(budget.preset, **overrides).vocab_size
-    max_loss = args.max_loss if args.max_loss is not None else 1.5 * math.log(vocab)
+    config = LlamaConfig.from_name(budget.preset, **overrides)
+    max_loss = args.max_loss if args.max_loss is not None else 1.5 * math.log(config.vocab_size)
     base = RunSpec(
         label="base",
         norm="rmsnorm",
         preset=budget.preset,
         overrides=overrides,
-        lr=budget.lr,
+        lr=budget.lrs[0],
         steps=budget.steps,
-        seed=args.seed,
+        seed=42,
+        data_seed=42,
         max_loss=max_loss,
         warmup_ratio=args.warmup_ratio,
         weight_decay=args.weight_decay,
         grad_clip=args.grad_clip,
+        trajectory_every=0 if args.sweep else budget.trajectory_every,
+        stability_every=0 if args.sweep else max(1, budget.trajectory_every or budget.steps),
+        spike_window=max(2, min(32, budget.steps // 4)),
+        importance=not (args.sweep or args.no_importance),
     )
-    if args.sweep:
-        specs = sweep_specs(variants, budget.depths, budget.lrs, base)
-        n_layers_label = "/".join(map(str, budget.depths))
-    else:
-        specs = depth_study_specs(variants, base)
-        n_layers_label = str(LlamaConfig.from_name(budget.preset, **overrides).n_layers)
     devices: int | str = int(args.devices) if str(args.devices).isdigit() else args.devices
     settings = TrainerSettings(args.accelerator, devices, args.precision, progress_bar=args.progress_bar)
-    factory = partial(_datamodule, args, budget)
-    from bhyt_pl.bench.timing import machine_info
-
+    factory = partial(make_datamodule, args, budget)
     meta: dict[str, Any] = {
         "command": "python -m bhyt_pl study " + shlex.join(argv),
         "mode": mode,
         "preset": budget.preset,
-        "n_layers_label": n_layers_label,
+        "n_layers_label": "/".join(map(str, budget.depths)) if args.sweep else str(config.n_layers),
         "overrides": overrides,
         "steps": budget.steps,
         "seq_len": budget.seq_len,
         "batch_size": budget.batch_size,
         "tokens_per_step": budget.seq_len * budget.batch_size,
-        "lr": list(budget.lrs) if args.sweep else budget.lr,
-        "seed": args.seed,
+        "tokens_per_run": budget.seq_len * budget.batch_size * budget.steps,
+        "lrs": list(budget.lrs),
+        "seeds": budget.seeds,
+        "schemes": labels,
+        "trajectory_every": base.trajectory_every,
+        "workers": args.workers,
         "data": f"{args.data_files} (tokenizer {args.tokenizer})",
-        "validation": f"{budget.val_batches} fixed batches; depth statistics on the first",
+        "validation": f"{budget.val_batches} fixed batches of {budget.batch_size} x {budget.seq_len}; depth "
+        "statistics on the first",
+        "unigram_loss": None,
         "max_loss": round(max_loss, 4),
+        "loadavg_at_start": _loadavg(),
         "machine": machine_info(torch.device("cuda" if args.accelerator in ("gpu", "cuda") else "cpu")),
     }
     started = time.perf_counter()
-    batches = fixed_batches(factory(), budget.val_batches)
+    batches = fixed_batches(factory(base.data_seed), budget.val_batches)
+    meta["unigram_loss"] = round(unigram_entropy(factory(base.data_seed), batches, 32, config.vocab_size), 4)
+    run = partial(_run, factory=factory, batches=batches, settings=settings, out=out, threads=args.workers > 1)
+    executor: Executor = (
+        _InlineExecutor()
+        if args.workers == 1
+        else ProcessPoolExecutor(args.workers, mp_context=_spawn(), initializer=_init_worker)
+    )
+    scheduler = Scheduler(executor, run, out, resume=not args.restart)
     results: list[RunResult] = []
+    chosen: dict[str, str] = {}
+
+    def record(result: RunResult) -> None:
+        results.append(result)
+        log.info(
+            "  %s: %s, train loss %.4f, val loss %.4f, %.0f s",
+            result.spec.label,
+            result.status,
+            result.train_loss,
+            result.val_loss,
+            result.wall_seconds,
+        )
+        meta["wall_seconds"] = round(time.perf_counter() - started, 1)
+        if rank_zero_only.rank == 0:  # tables after every run: an interrupted study keeps what it measured
+            report.write_report(out, results, meta, groups, chosen, args.sweep, figures=False)
+
     try:
-        for i, spec in enumerate(specs, 1):
-            log.info("study run %d/%d: %s", i, len(specs), spec.label)
-            t0 = time.perf_counter()
-            result = run_one(spec, factory, batches, settings, out)
-            results.append(result)
-            log.info(
-                "  %s: %s, train loss %.4f, val loss %.4f, %.0f tokens/s, %.0f s",
-                spec.label,
-                result.status,
-                result.train_loss,
-                result.val_loss,
-                result.tokens_per_sec,
-                time.perf_counter() - t0,
-            )
-            meta["wall_seconds"] = round(time.perf_counter() - started, 1)
-            if rank_zero_only.rank == 0:  # tables after every run: an interrupted study keeps what it measured
-                write_report(out, results, meta, args.sweep, max_loss, figures=False)
+        with executor:
+            if args.sweep:
+                specs = sweep_specs(groups, budget.depths, budget.lrs, budget.seeds, base)
+                scheduler.submit(specs)
+                for result in scheduler.finished():
+                    record(result)
+                order = {spec.label: i for i, spec in enumerate(specs)}
+                results.sort(key=lambda r: order[r.spec.label])
+            else:
+                done, picked = run_depth_study(groups, budget.lrs, budget.seeds, base, scheduler, record)
+                chosen.update(picked)
+                results[:] = done
     finally:  # figures once, at the end or on an interrupt, for the runs that finished
         meta["wall_seconds"] = round(time.perf_counter() - started, 1)
-        meta["runs_finished"] = f"{len(results)}/{len(specs)}"
+        meta["runs_reused"] = len(scheduler.reused)
+        meta["loadavg_at_end"] = _loadavg()
         if rank_zero_only.rank == 0 and results:
-            paths = write_report(out, results, meta, args.sweep, max_loss)
+            paths = report.write_report(out, results, meta, groups, chosen, args.sweep)
             log.info("study finished in %.0f s; report: %s", meta["wall_seconds"], paths["report"])
     return 1 if any(r.status == "error" for r in results) else 0
+
+
+def _run(
+    spec: RunSpec,
+    factory: Callable[[int], Any],
+    batches: list[dict[str, torch.Tensor]],
+    settings: TrainerSettings,
+    out: Path,
+    threads: bool,
+) -> RunResult:
+    if threads:
+        torch.set_num_threads(1)
+    return run_one(spec, factory, batches, settings, out)
+
+
+def _spawn():
+    import multiprocessing
+
+    return multiprocessing.get_context("spawn")  # fresh interpreters: no forked torch thread pools
+
+
+def _loadavg() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "n/a"
+
+
+def unigram_entropy(
+    datamodule: Any, val_batches: list[dict[str, torch.Tensor]], train_batches: int, vocab_size: int
+) -> float:
+    """Cross-entropy (nats) of the validation tokens under the unigram distribution of ``train_batches``
+    training batches (add-one smoothing): the loss a model reaches by learning token frequencies only."""
+    datamodule.setup("fit")
+    counts: dict[int, int] = {}
+    for i, batch in enumerate(datamodule.train_dataloader()):
+        labels = batch["labels"][batch["labels"] != -100]
+        for token, n in zip(*torch.unique(labels, return_counts=True), strict=True):
+            counts[int(token)] = counts.get(int(token), 0) + int(n)
+        if i + 1 >= train_batches:
+            break
+    total = sum(counts.values()) + vocab_size
+    nll, n = 0.0, 0
+    for batch in val_batches:
+        labels = batch["labels"][batch["labels"] != -100].tolist()
+        nll += sum(-math.log((counts.get(t, 0) + 1) / total) for t in labels)
+        n += len(labels)
+    return nll / max(n, 1)

@@ -1,5 +1,6 @@
 """One study run: one Lightning fit of ``LlamaLM`` with a fixed seed, data and budget, with divergence
-detection, depth statistics at initialisation and at the end, and a record that survives divergence.
+detection, depth statistics along training, StabilityMonitor's columns, layer importance at the end,
+and a record that survives divergence.
 
 Every run in a study trains through the same code path users train with (``LlamaLM`` + ``Trainer``);
 runs follow one another in one process. What a run measures:
@@ -12,6 +13,16 @@ runs follow one another in one process. What a run measures:
 - depth statistics (docs/method.md, section 6, paper Figure 3): ``DepthStatsCollector`` on one fixed batch, in
   eval mode, before the first step and after the last (magnitude = mean over tokens of ``||y_t||_2``,
   variance = mean over tokens of ``Var_d(y_t)``, ``y`` a block output);
+- robust depth statistics (same pass): ``median_magnitude`` (median over tokens of ``||y_t||_2``,
+  position 0 left out: the first token often carries a massive activation), ``magnitude_top2_removed``
+  (mean ``||y_t||_2`` after dropping the two channels with the largest mean ``|y|`` over the batch: the
+  one or two massive channels the first blocks write dominate the plain magnitude);
+- trajectories: the depth statistics every ``trajectory_every`` optimizer steps (``TrajectoryRecorder``);
+- stability: ``StabilityMonitor`` on the training batch (``stability_every`` steps): the spike counts,
+  the layer with the largest gradient norm and the last layer's attention entropy at each logging step;
+- layer importance: the loss on the depth-statistics batch (the first validation batch) with block ``i``
+  replaced by the identity, minus the full model's, for every ``i`` (one block at a time;
+  ``layer_importance``);
 - divergence: ``DivergenceMonitor`` stops the fit at the first optimizer step whose loss is NaN/inf or
   above ``max_loss``; the step and loss are recorded and the logs written so far are kept.
 """
@@ -30,14 +41,33 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.loggers import CSVLogger
+import torch.nn.functional as F
+from lightning.pytorch.loggers import CSVLogger, Logger
+from torch import nn
 from typing_extensions import override
 
 from bhyt_pl.callbacks import DepthStatsCollector
+from bhyt_pl.callbacks.stability import StabilityMonitor
 from bhyt_pl.module import LlamaLM
 from bhyt_pl.norms import build_norm_scheme
 
-__all__ = ["DivergenceMonitor", "RunResult", "RunSpec", "TrainerSettings", "depth_statistics", "run_dirname", "run_one"]
+__all__ = [
+    "TRAJECTORY_STATS",
+    "DivergenceMonitor",
+    "MemoryLogger",
+    "RunResult",
+    "RunSpec",
+    "TrainerSettings",
+    "TrajectoryRecorder",
+    "depth_statistics",
+    "layer_importance",
+    "log_slope",
+    "run_dirname",
+    "run_one",
+]
+
+TRAJECTORY_STATS = ("magnitude", "variance", "median_magnitude", "magnitude_top2_removed", "saturation")
+"""Per-layer statistics kept at every trajectory point (``saturation``: mean over the tanh sites)."""
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +84,16 @@ class RunSpec:
         overrides: ``LlamaConfig`` fields replacing the preset's (e.g. ``{"n_layers": 8}``).
         lr: peak learning rate (cosine to ``lr * min_lr_ratio``, linear warmup).
         steps: optimizer steps.
-        seed: ``seed_everything`` before the model is built; the data module has its own seed.
+        seed: ``seed_everything`` before the model is built (the initialisation).
+        data_seed: shuffle seed of the training stream (the data order).
+        group: the scheme entry of the study this run belongs to (``--schemes`` text, grid values joined
+            with ``|``); runs of one group differ in seed, learning rate or a grid value.
         max_loss: divergence bound on the training loss (NaN/inf always diverges).
         warmup_ratio, min_lr_ratio, weight_decay, grad_clip: optimisation settings as in ``recipes/tiny.yaml``.
+        trajectory_every: depth statistics every this many steps (and at step 0); 0: init and end only.
+        stability_every: StabilityMonitor's per-layer statistics every this many steps (0: off).
+        spike_window: StabilityMonitor's spike window (spikes count after ``spike_window // 2`` steps).
+        importance: measure layer importance after the fit.
     """
 
     label: str
@@ -67,11 +104,17 @@ class RunSpec:
     lr: float = 3e-3
     steps: int = 200
     seed: int = 42
+    data_seed: int = 42
+    group: str = ""
     max_loss: float = 12.0
     warmup_ratio: float = 0.05
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.1
     grad_clip: float = 1.0
+    trajectory_every: int = 0
+    stability_every: int = 0
+    spike_window: int = 32
+    importance: bool = False
 
 
 @dataclass(frozen=True)
@@ -106,6 +149,11 @@ class RunResult:
     depth_init: dict[str, float] = field(default_factory=dict)
     depth_final: dict[str, float] = field(default_factory=dict)
     variance_bound: dict[str, Any] | None = None
+    trajectory: list[dict[str, Any]] = field(default_factory=list)
+    stability: dict[str, Any] = field(default_factory=dict)
+    importance: list[float] = field(default_factory=list)
+    importance_base_loss: float = math.nan
+    wall_seconds: float = math.nan
     log_dir: str | None = None
 
     @property
@@ -190,9 +238,31 @@ class DivergenceMonitor(L.Callback):
             trainer.should_stop = True
 
 
+def _robust_hooks(model: nn.Module, out: dict[str, float], width: int) -> list[Any]:
+    """Forward hooks on every block that write the robust magnitudes of its output into ``out``."""
+
+    def make(layer: str):
+        def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> None:
+            y = output.detach().float()  # [B, T, d]
+            if y.shape[1] > 1:  # position 0 left out
+                out[f"median_magnitude/{layer}"] = float(y[:, 1:].norm(dim=-1).flatten().median())
+            else:
+                out[f"median_magnitude/{layer}"] = math.nan
+            if y.shape[-1] > 2:
+                channel_mean = y.abs().flatten(0, -2).mean(dim=0)  # [d]
+                keep = torch.ones_like(channel_mean, dtype=torch.bool)
+                keep[channel_mean.topk(2).indices] = False
+                out[f"magnitude_top2_removed/{layer}"] = float(y[..., keep].norm(dim=-1).mean())
+
+        return hook
+
+    return [block.register_forward_hook(make(f"layer_{i:0{width}d}")) for i, block in enumerate(model.layers)]
+
+
 @torch.no_grad()
 def depth_statistics(module: LlamaLM, batch: dict[str, torch.Tensor]) -> dict[str, float]:
-    """``DepthStatsCollector`` statistics of ``module``'s Llama on one batch, in eval mode.
+    """``DepthStatsCollector`` statistics of ``module``'s Llama on one batch, in eval mode, plus the robust
+    magnitudes ``median_magnitude`` and ``magnitude_top2_removed`` (module docstring).
 
     Returns:
         ``{"magnitude/layer_00": value, "variance/layer_00": ..., ...}``.
@@ -200,11 +270,178 @@ def depth_statistics(module: LlamaLM, batch: dict[str, torch.Tensor]) -> dict[st
     model = module.model
     was_training = model.training
     model.eval()
+    robust: dict[str, float] = {}
     try:
         device = next(model.parameters()).device
-        with DepthStatsCollector(model) as collector:
-            model(batch["input_ids"].to(device))
-        return collector.compute()
+        collector = DepthStatsCollector(model)
+        handles = _robust_hooks(model, robust, collector.width)
+        try:
+            with collector:
+                model(batch["input_ids"].to(device))
+        finally:
+            for handle in handles:
+                handle.remove()
+        return {**collector.compute(), **robust}
+    finally:
+        model.train(was_training)
+
+
+def log_slope(values: list[float], first_layer: int = 2) -> float:
+    """Least-squares slope of ``ln(value)`` against the 1-based layer index, from ``first_layer`` to the last
+    (the growth rate of the magnitude with depth once the first blocks have written their outliers)."""
+    points = [(i + 1, math.log(v)) for i, v in enumerate(values) if i + 1 >= first_layer and v > 0 and math.isfinite(v)]
+    if len(points) < 2:
+        return math.nan
+    mx = sum(x for x, _ in points) / len(points)
+    my = sum(y for _, y in points) / len(points)
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    return sum((x - mx) * (y - my) for x, y in points) / sxx
+
+
+def trajectory_point(step: int, stats: dict[str, float]) -> dict[str, Any]:
+    """The compact record of one trajectory point: ``TRAJECTORY_STATS`` per layer and the log-magnitude slope."""
+    point: dict[str, Any] = {"step": step}
+    for stat in TRAJECTORY_STATS:
+        if stat == "saturation":  # mean over the tanh sites present in each layer
+            layers: dict[int, list[float]] = {}
+            for key, value in stats.items():
+                if key.startswith("saturation/"):
+                    layers.setdefault(int(key.rsplit("_", 1)[1]), []).append(value)
+            point[stat] = [sum(v) / len(v) for _, v in sorted(layers.items())]
+        else:
+            point[stat] = layer_series(stats, stat)
+    point["magnitude_slope"] = log_slope(point["magnitude"])
+    point["median_magnitude_slope"] = log_slope(point["median_magnitude"])
+    return point
+
+
+class TrajectoryRecorder(L.Callback):
+    """Depth statistics on a fixed batch (eval mode, no gradients) every ``every_n_steps`` optimizer steps.
+
+    Args:
+        batch: the fixed batch the statistics are measured on (the same in every run of a study).
+        every_n_steps: the cadence; the points are ``trajectory_point`` records in ``points``.
+    """
+
+    def __init__(self, batch: dict[str, torch.Tensor], every_n_steps: int) -> None:
+        if every_n_steps < 1:
+            raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
+        self.batch, self.every_n_steps = batch, every_n_steps
+        self.points: list[dict[str, Any]] = []
+
+    @override
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        step = trainer.global_step
+        if step % self.every_n_steps == 0 and step < trainer.max_steps and not trainer.should_stop:
+            self.points.append(trajectory_point(step, depth_statistics(pl_module, self.batch)))
+
+
+class MemoryLogger(Logger):
+    """Keeps every logged metric in memory (``metrics[name] = [(step, value), ...]``): the study reads
+    StabilityMonitor's columns from here instead of parsing CSV files."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.metrics: dict[str, list[tuple[int, float]]] = {}
+
+    @property
+    @override
+    def name(self) -> str:
+        return "memory"
+
+    @property
+    @override
+    def version(self) -> str:
+        return "0"
+
+    @override
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    @override
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        for key, value in metrics.items():
+            self.metrics.setdefault(key, []).append((int(step or 0), float(value)))
+
+
+def stability_summary(metrics: dict[str, list[tuple[int, float]]], n_layers: int) -> dict[str, Any]:
+    """StabilityMonitor's columns from its logged metrics: final spike counts and, per logging step, the
+    layer (1-based) with the largest gradient norm and the last layer's attention entropy."""
+    prefix = "stability/"
+    steps = sorted({s for k, v in metrics.items() if k.startswith(prefix + "grad_norm/layer_") for s, _ in v})
+    width = max(2, len(str(n_layers - 1)))
+    last = f"layer_{n_layers - 1:0{width}d}"
+    by_step: list[dict[str, Any]] = []
+    for step in steps:
+        grads = {
+            int(k.rsplit("_", 1)[1]): dict(v).get(step)
+            for k, v in metrics.items()
+            if k.startswith(prefix + "grad_norm/layer_")
+        }
+        grads = {i: g for i, g in grads.items() if g is not None and math.isfinite(g)}
+        entropy = dict(metrics.get(f"{prefix}attn_entropy/{last}", [])).get(step, math.nan)
+        by_step.append(
+            {
+                "step": step,
+                "max_grad_layer": (max(grads, key=grads.get) + 1) if grads else None,
+                "max_grad_norm": max(grads.values()) if grads else math.nan,
+                "last_attn_entropy": entropy,
+            }
+        )
+
+    def final(key: str) -> float:
+        values = metrics.get(prefix + key, [])
+        return values[-1][1] if values else 0.0
+
+    return {
+        "loss_spikes": int(final("loss_spikes")),
+        "grad_norm_spikes": int(final("grad_norm_spikes")),
+        "steps": by_step,
+    }
+
+
+class _SkipBlock(nn.Module):
+    """A block replaced by the identity: returns its input (the residual stream passes unchanged)."""
+
+    def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return x
+
+
+@torch.no_grad()
+def _mean_loss(model: nn.Module, batches: list[dict[str, torch.Tensor]]) -> float:
+    """Token-weighted mean next-token cross-entropy (as ``LlamaLM.compute_loss``) over ``batches``."""
+    device = next(model.parameters()).device
+    total, count = 0.0, 0
+    for batch in batches:
+        labels = batch["labels"].to(device)
+        logits = model(batch["input_ids"].to(device))
+        total += float(
+            F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100, reduction="sum")
+        )
+        count += int((labels != -100).sum())
+    return total / max(count, 1)
+
+
+@torch.no_grad()
+def layer_importance(module: LlamaLM, batches: list[dict[str, torch.Tensor]]) -> tuple[float, list[float]]:
+    """The full model's validation loss and, for every block ``i``, the loss with block ``i`` replaced by the
+    identity minus that loss (one block at a time, eval mode). Small values: the block does little."""
+    model = module.model
+    was_training = model.training
+    model.eval()
+    try:
+        base = _mean_loss(model, batches)
+        deltas = []
+        for i in range(len(model.layers)):
+            block = model.layers[i]
+            model.layers[i] = _SkipBlock()
+            try:
+                deltas.append(_mean_loss(model, batches) - base)
+            finally:
+                model.layers[i] = block
+        return base, deltas
     finally:
         model.train(was_training)
 
@@ -246,8 +483,9 @@ def run_one(
 
     Args:
         spec: the run.
-        datamodule_factory: ``() -> LightningDataModule``: a fresh data module with the study's data,
-            seed, sequence length and batch size (each run sees the same batches in the same order).
+        datamodule_factory: ``(data_seed) -> LightningDataModule``: a fresh data module with the study's
+            data, sequence length and batch size, shuffled with ``data_seed`` (runs with the same data seed
+            see the same batches in the same order).
         val_batches: fixed validation batches; the first is the depth-statistics batch.
         settings: accelerator, devices, precision.
         out_dir: the study folder; logs go to ``out_dir/runs/<label>/``.
@@ -256,9 +494,12 @@ def run_one(
     run_dir = out_dir / "runs" / run_dirname(spec.label)
     run_dir.mkdir(parents=True, exist_ok=True)
     monitor = DivergenceMonitor(spec.max_loss)
+    recorder = TrajectoryRecorder(val_batches[0], spec.trajectory_every) if spec.trajectory_every > 0 else None
+    memory = MemoryLogger()
+    started = time.perf_counter()
     try:
         L.seed_everything(spec.seed, verbose=False)
-        datamodule = datamodule_factory()
+        datamodule = datamodule_factory(spec.data_seed)
         module = LlamaLM(
             preset=spec.preset,
             overrides=dict(spec.overrides),
@@ -274,6 +515,18 @@ def run_one(
         module.configure_model()  # built now (fit keeps it): the initial statistics see the weights that train
         result.n_layers = module.config.n_layers
         result.depth_init = depth_statistics(module, val_batches[0])
+        if recorder is not None:
+            recorder.points.append(trajectory_point(0, result.depth_init))
+        callbacks: list[L.Callback] = [monitor] + ([recorder] if recorder is not None else [])
+        if spec.stability_every > 0:
+            callbacks.append(
+                StabilityMonitor(
+                    every_n_steps=spec.stability_every,
+                    figures=False,
+                    spike_window=spec.spike_window,
+                    spike_min_history=max(2, spec.spike_window // 2),
+                )
+            )
         logger = CSVLogger(out_dir / "runs", name=run_dirname(spec.label), version="logs")  # runs/<label>/logs/
         result.log_dir = str(Path(logger.log_dir).relative_to(out_dir))
         trainer = L.Trainer(
@@ -285,8 +538,8 @@ def run_one(
             limit_val_batches=0,  # validation once, after the fit, on the fixed batches
             num_sanity_val_steps=0,
             log_every_n_steps=min(settings.log_every_n_steps, spec.steps),
-            logger=logger,
-            callbacks=[monitor],
+            logger=[logger, memory],
+            callbacks=callbacks,
             enable_checkpointing=False,
             enable_progress_bar=settings.progress_bar,
             enable_model_summary=False,
@@ -294,7 +547,12 @@ def run_one(
         trainer.fit(module, datamodule=datamodule)
         result.steps_done = trainer.global_step
         result.depth_final = depth_statistics(module, val_batches[0])
+        if recorder is not None:
+            recorder.points.append(trajectory_point(result.steps_done, result.depth_final))
+            result.trajectory = recorder.points
         result.variance_bound = _variance_bound(spec, module)
+        if spec.stability_every > 0:
+            result.stability = stability_summary(memory.metrics, result.n_layers)
         if monitor.diverged_step is None:
             validator = L.Trainer(
                 accelerator=settings.accelerator,
@@ -309,6 +567,9 @@ def run_one(
             metrics = validator.validate(module, dataloaders=loader, verbose=False)[0]
             result.val_loss = float(metrics["val/loss"])
             result.val_perplexity = float(metrics["val/perplexity"])
+            if spec.importance:
+                # the depth-statistics batch only: every block costs one forward of it (32 blocks ~ 11 steps)
+                result.importance_base_loss, result.importance = layer_importance(module, val_batches[:1])
     except Exception as exc:  # noqa: BLE001 - one failed run is recorded and must not end the whole study
         log.error("study run %s failed:\n%s", spec.label, traceback.format_exc())
         result.status, result.error = "error", f"{type(exc).__name__}: {exc}"
@@ -325,5 +586,6 @@ def run_one(
     if finite and result.status != "diverged":
         tail = max(1, min(len(finite), math.ceil(0.1 * spec.steps)))
         result.train_loss = sum(finite[-tail:]) / tail
+    result.wall_seconds = time.perf_counter() - started
     (run_dir / "result.json").write_text(json.dumps(result.to_dict(), indent=1, default=str))
     return result

@@ -1,5 +1,6 @@
-"""``python -m bhyt_pl study``: the quick mode end to end on a tiny budget, divergence detection, a failing
-run that does not end the study, the sweep grid, and argument errors."""
+"""``python -m bhyt_pl study``: a --quick-sized run end to end on a tiny budget (seeds, LR selection, claims,
+trajectories, layer importance), resume, divergence detection, a failing run that does not end the study,
+the sweep grid, removed flags and argument errors. Aggregation and verdicts: tests/study/test_stats.py."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from bhyt_pl.study import main, runner
+from bhyt_pl.study import command, main, runner
 from bhyt_pl.study.command import parser, resolve
-from bhyt_pl.study.report import TABLE_COLUMNS
-from bhyt_pl.study.runner import DivergenceMonitor
+from bhyt_pl.study.report import GROUP_COLUMNS
+from bhyt_pl.study.runner import DivergenceMonitor, log_slope
 
 # a tiny budget on top of --quick: 2 layers, a few steps of 2 x 32 tokens
 TINY = ["--quick", "--layers", "2", "--steps", "3", "--seq-len", "32", "--batch-size", "2", "--val-batches", "1"]
@@ -26,36 +27,81 @@ def _runs(out: Path) -> dict[str, dict]:
 
 
 @pytest.mark.slow
-def test_quick_study_writes_table_and_figures(tmp_path: Path) -> None:
+def test_quick_study_seeds_lr_selection_claims_and_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "study"
-    assert main([*TINY, "--schemes", "rmsnorm", "bhyt", "--out", str(out)]) == 0
-    for name in ("report.md", "results.json", "depth_init.png", "depth_final.png", "loss.png"):
+    argv = [*TINY, "--seeds", "2", "--lrs", "1e-3", "3e-3", "--trajectory-every", "2", "--steps", "4"]
+    argv += ["--schemes", "rmsnorm", "bhyt", "--out", str(out)]
+    assert main(argv) == 0
+    for name in ("report.md", "results.json", "depth_final.png", "trajectories.png", "lr_sensitivity.png"):
         assert (out / name).stat().st_size > 0, name
-    assert (out / "depth_final.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "layer_importance.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    document = json.loads((out / "results.json").read_text())
+    runs = {r["spec"]["label"]: r for r in document["runs"]}
+    # selection: every scheme x lr on seed 0 (grids: tests/study/test_stats.py), then one more seed per group
+    first = [label for label in runs if label.endswith("-s0")]
+    assert len(first) == 4 and len(runs) == 6
+    for group, label in document["chosen"].items():
+        pool = [r for r in runs.values() if r["spec"]["group"] == group and r["spec"]["label"].endswith("-s0")]
+        assert runs[label]["val_loss"] == min(r["val_loss"] for r in pool)  # lowest validation loss wins
+        second = [r for r in runs.values() if r["spec"]["group"] == group and r["spec"]["label"].endswith("-s1")]
+        assert len(second) == 1 and second[0]["spec"]["lr"] == runs[label]["spec"]["lr"]
+        assert second[0]["spec"]["norm_args"] == runs[label]["spec"]["norm_args"]
+        assert second[0]["spec"]["seed"] == runs[label]["spec"]["seed"] + 1
+        assert second[0]["spec"]["data_seed"] == runs[label]["spec"]["data_seed"] + 1
+    r = runs[document["chosen"]["rmsnorm"]]
+    assert r["status"] == "ok" and r["steps_done"] == 4 and r["n_layers"] == 2
+    assert [p["step"] for p in r["trajectory"]] == [0, 2, 4]
+    for point in r["trajectory"]:
+        assert len(point["magnitude"]) == len(point["median_magnitude"]) == len(point["magnitude_top2_removed"]) == 2
+        # dropping channels can only shrink every token's norm
+        assert all(t < m for t, m in zip(point["magnitude_top2_removed"], point["magnitude"], strict=True))
+    assert len(r["importance"]) == 2 and math.isfinite(r["importance_base_loss"])
+    assert r["importance_base_loss"] == pytest.approx(r["val_loss"], rel=1e-4)  # same batches, same loss
+    assert r["stability"]["steps"] and r["stability"]["steps"][-1]["max_grad_layer"] in (1, 2)
     text = (out / "report.md").read_text()
-    assert "| " + " | ".join(TABLE_COLUMNS) + " |" in text
-    runs = _runs(out)
-    assert list(runs) == ["rmsnorm", "bhyt"]
-    for r in runs.values():
-        assert r["status"] == "ok" and r["steps_done"] == 3 and r["n_layers"] == 2
-        assert math.isfinite(r["train_loss"]) and math.isfinite(r["val_loss"]) and r["tokens_per_sec"] > 0
-        assert r["val_perplexity"] == pytest.approx(math.exp(r["val_loss"]), rel=1e-4)
-        for which in ("depth_init", "depth_final"):
-            assert {"magnitude/layer_00", "magnitude/layer_01", "variance/layer_01"} <= set(r[which])
-        assert (out / r["log_dir"] / "metrics.csv").exists()
-    # same seed, data and fixed batch: the init statistics of the embedding-fed first block input agree in size
-    assert runs["rmsnorm"]["variance_bound"] is None
-    bound = runs["bhyt"]["variance_bound"]  # L = 2: 2/10 and 1/10 < 1/sqrt(2)
-    assert bound["n_layers"] == 2 and bound["at_init"] == {"lambda_attn": True, "lambda_mlp": True, "all": True}
-    assert bound["threshold"] == pytest.approx(1 / math.sqrt(2))
-    assert "| bhyt | 2 | 10 | 0.707 | 0.2 | 0.1 | yes |" in text
+    assert "| " + " | ".join(GROUP_COLUMNS) + " |" in text
+    assert "| BHyT's loss is no worse than RMSNorm's | val loss bhyt - rmsnorm | 2 |" in text
+    bound = next(r["variance_bound"] for r in runs.values() if r["variance_bound"])
+    assert bound["n_layers"] == 2 and bound["threshold"] == pytest.approx(1 / math.sqrt(2))
+    assert "| lr 0.001 | lr 0.003 |" in text and "**" in text
+
+    # resume: every run finished, so a second invocation trains nothing and reports the same runs
+    def no_training(*args, **kwargs):
+        raise AssertionError("a finished run was retrained")
+
+    monkeypatch.setattr(command, "run_one", no_training)
+    before = (out / "results.json").read_text()
+    assert main(argv) == 0
+    again = json.loads((out / "results.json").read_text())
+    assert again["meta"]["runs_reused"] == 6
+    assert [r["val_loss"] for r in again["runs"]] == [r["val_loss"] for r in json.loads(before)["runs"]]
+
+
+@pytest.mark.slow
+def test_resume_retrains_only_the_missing_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "resume"
+    argv = [*TINY, "--seeds", "2", "--lrs", "1e-3", "--steps", "2", "--schemes", "rmsnorm", "--out", str(out)]
+    argv += ["--trajectory-every", "0", "--no-importance"]
+    assert main(argv) == 0
+    (out / "runs" / "rmsnorm@lr0.001-s1" / "result.json").unlink()  # as if killed during the second seed
+    trained: list[str] = []
+    real = command.run_one
+
+    def counting(spec, *args, **kwargs):
+        trained.append(spec.label)
+        return real(spec, *args, **kwargs)
+
+    monkeypatch.setattr(command, "run_one", counting)
+    assert main(argv) == 0
+    assert trained == ["rmsnorm@lr0.001-s1"]
 
 
 @pytest.mark.slow
 def test_divergent_runs_are_reported_and_keep_partial_logs(tmp_path: Path) -> None:
     out = tmp_path / "diverge"
     # lr 100: the first update wrecks the weights; the study goes on and exits 0 (divergence is a result)
-    assert main([*TINY, "--steps", "6", "--lr", "100", "--schemes", "rmsnorm", "bhyt", "--out", str(out)]) == 0
+    argv = [*TINY, "--steps", "6", "--lrs", "100", "--seeds", "1", "--no-importance", "--trajectory-every", "0"]
+    assert main([*argv, "--schemes", "rmsnorm", "bhyt", "--out", str(out)]) == 0
     runs = _runs(out)
     for label, r in runs.items():
         assert r["status"] == "diverged", label
@@ -78,10 +124,12 @@ def test_a_failing_run_is_recorded_and_the_study_continues(tmp_path: Path, monke
 
     monkeypatch.setattr(runner, "LlamaLM", flaky)
     out = tmp_path / "error"
-    assert main([*TINY, "--steps", "2", "--schemes", "rmsnorm", "lns", "--out", str(out)]) == 1
+    argv = [*TINY, "--steps", "2", "--seeds", "1", "--lrs", "1e-3", "--no-importance", "--trajectory-every", "0"]
+    assert main([*argv, "--schemes", "rmsnorm", "lns", "--out", str(out)]) == 1
     runs = _runs(out)
-    assert runs["rmsnorm"]["status"] == "error" and "simulated out of memory" in runs["rmsnorm"]["error"]
-    assert runs["lns"]["status"] == "ok"
+    rms, lns = runs["rmsnorm@lr0.001-s0"], runs["lns@lr0.001-s0"]
+    assert rms["status"] == "error" and "simulated out of memory" in rms["error"]
+    assert lns["status"] == "ok"
     assert "error: RuntimeError: simulated out of memory" in (out / "report.md").read_text()
 
 
@@ -92,7 +140,12 @@ def test_quick_sweep_grid(tmp_path: Path) -> None:
     argv += ["--shuffle-buffer", "4"]
     assert main([*argv, "--batch-size", "2", "--schemes", "rmsnorm", "--out", str(out)]) == 0
     runs = _runs(out)
-    assert sorted(runs) == ["rmsnorm@L1-lr0.001", "rmsnorm@L1-lr100", "rmsnorm@L2-lr0.001", "rmsnorm@L2-lr100"]
+    assert sorted(runs) == [
+        "rmsnorm@L1-lr0.001-s0",
+        "rmsnorm@L1-lr100-s0",
+        "rmsnorm@L2-lr0.001-s0",
+        "rmsnorm@L2-lr100-s0",
+    ]
     assert {r["status"] for label, r in runs.items() if "lr100" in label} == {"diverged"}
     assert {r["status"] for label, r in runs.items() if "lr0.001" in label} == {"ok"}
     assert [r["n_layers"] for r in runs.values()] == [1, 1, 2, 2]
@@ -130,7 +183,10 @@ def test_divergence_monitor_rejects_bad_bound() -> None:
         (["--override", "not_a_field=3"], "unknown LlamaConfig field"),
         (["--seq-len", "4096"], "exceeds the preset's max_seq_len=512"),
         (["--sweep", "--layers", "4"], "--layers does not apply to --sweep"),
-        (["--sweep", "--lrs", "0"], "--lrs > 0"),
+        (["--lrs", "0"], "--lrs must be > 0"),
+        (["--lrs", "1e-3", "1e-3"], "--lrs has duplicates"),
+        (["--seeds", "0"], "--seeds must be >= 1"),
+        (["--workers", "0"], "--workers must be >= 1"),
     ],
 )
 def test_argument_errors(argv: list[str], match: str) -> None:
@@ -149,3 +205,27 @@ def test_quick_defaults_are_smaller_than_full() -> None:
     full, overrides = resolve(parser().parse_args([]))
     assert full.preset == "deep-32x128" and overrides == {}
     assert quick.steps * quick.seq_len * (quick.layers or 32) < full.steps * full.seq_len * 32
+    assert full.seeds >= 3 and quick.seeds >= 3 and len(full.lrs) >= 3
+
+
+@pytest.mark.parametrize(
+    ("flag", "replacement"), [("--seed", "--seeds"), ("--lr", "--lrs"), ("--data-seed", "--seeds")]
+)
+def test_removed_flags_name_their_replacement(flag: str, replacement: str, capsys: pytest.CaptureFixture) -> None:
+    assert main([flag, "3"]) == 2
+    err = capsys.readouterr().err
+    assert f"{flag} was removed; use {replacement}" in err
+
+
+def test_help_shows_seeds_lrs_and_workers() -> None:
+    text = parser().format_help()
+    for flag in ("--seeds", "--lrs", "--workers", "--schemes", "--trajectory-every"):
+        assert flag in text
+    assert "--seed " not in text and "--lr " not in text  # removed flags stay hidden
+
+
+def test_log_slope_of_a_geometric_profile() -> None:
+    # magnitude 3 * 1.5**(l-1): ln grows by ln 1.5 per layer; layer 1 (an outlier here) is left out
+    values = [100.0] + [3 * 1.5 ** (layer - 1) for layer in range(2, 9)]
+    assert log_slope(values) == pytest.approx(math.log(1.5))
+    assert math.isnan(log_slope([1.0, 2.0]))  # one point from layer 2 on
