@@ -5,10 +5,10 @@ No timing assertions: only behaviour (tiny preset, 2 repetitions, eager only).
 
 from __future__ import annotations
 
-import math
 import contextlib
 import io
 import json
+import math
 import runpy
 import statistics
 import sys
