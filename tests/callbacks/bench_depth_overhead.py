@@ -55,6 +55,33 @@ def train(norm: str, steps: int, monitor: DepthStatsMonitor | None, log_dir: str
     return [b - a for a, b in zip(clock.starts, clock.starts[1:])]  # seconds per step, step 1 first
 
 
+def logging_step_overhead(times: list[float], should_log) -> tuple[float, float]:
+    """``(median ordinary step, median extra time of a logging step)`` in seconds from per-step times;
+    steps 1-2 (warm-up, the first log) are left out of both. Prints the figures."""
+    logging_steps = [s for s in range(2, len(times) + 1) if should_log(s)]
+    ordinary = [t for s, t in enumerate(times, 1) if s > 2 and not should_log(s)]
+    base = statistics.median(ordinary)
+    extra = [times[s - 1] - base for s in logging_steps]
+    print(f"median ordinary step {base * 1e3:.1f} ms; step 1 (first log, imports matplotlib) {times[0]:.2f} s")
+    print(f"logging steps {logging_steps}: extra {[round(e * 1e3) for e in extra]} ms")
+    return base, statistics.median(extra)
+
+
+def interleaved_runs(norm: str, steps: int, runs: int, make_monitor, log_dir: str) -> None:
+    """Whole runs with the monitor at every 100 steps and without it, alternating; prints the ratio
+    (``runs`` 0: nothing)."""
+    if runs < 1:
+        return
+    totals: dict[str, list[float]] = {"off": [], "every100": []}
+    for _ in range(runs):
+        for mode in ("off", "every100"):  # interleaved
+            mon = make_monitor() if mode == "every100" else None
+            totals[mode].append(sum(train(norm, steps, mon, log_dir)))
+    off, on = statistics.median(totals["off"]), statistics.median(totals["every100"])
+    print(f"whole runs of {steps} steps, {runs} interleaved pairs: off {totals['off']} s, "
+          f"every 100 {totals['every100']} s; median ratio {on / off:.3f}")  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--norm", default="bhyt")
@@ -65,25 +92,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         monitor = DepthStatsMonitor(every_n_steps=args.every)
         times = train(args.norm, args.steps, monitor, tmp)
-        logging_steps = [s for s in range(2, args.steps + 1) if monitor.should_log(s)]
-        ordinary = [t for s, t in enumerate(times, 1) if s > 2 and not monitor.should_log(s)]
-        base = statistics.median(ordinary)
-        extra = [times[s - 1] - base for s in logging_steps]
-        print(f"median ordinary step {base * 1e3:.1f} ms; step 1 (first log, imports matplotlib) {times[0]:.2f} s")
-        print(f"logging steps {logging_steps}: extra {[round(e * 1e3) for e in extra]} ms")
-        per_log = statistics.median(extra)
+        base, per_log = logging_step_overhead(times, monitor.should_log)
         print(f"in-run estimate at every 100 steps: {per_log * 1e3:.0f} ms / (100 x {base * 1e3:.1f} ms) = "
               f"{100 * per_log / (100 * base):.2f}%")  # fmt: skip
-
-        totals: dict[str, list[float]] = {"off": [], "every100": []}
-        for _ in range(args.runs):
-            for mode in ("off", "every100"):  # interleaved
-                mon = DepthStatsMonitor(every_n_steps=100) if mode == "every100" else None
-                totals[mode].append(sum(train(args.norm, args.steps, mon, tmp)))
-        off, on = statistics.median(totals["off"]), statistics.median(totals["every100"])
-        print(f"whole runs of {args.steps} steps, {args.runs} interleaved pairs: off {totals['off']} s, "
-              f"every 100 {totals['every100']} s; median ratio {on / off:.3f}")  # fmt: skip
-
+        interleaved_runs(args.norm, args.steps, args.runs, lambda: DepthStatsMonitor(every_n_steps=100), tmp)
 
 if __name__ == "__main__":
     main()

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_depth_overhead import train  # noqa: E402
+from bench_depth_overhead import interleaved_runs, logging_step_overhead, train  # noqa: E402
 
 from bhyt_pl.callbacks import StabilityMonitor  # noqa: E402
 from bhyt_pl.module import LlamaLM  # noqa: E402
@@ -68,27 +68,11 @@ def main() -> None:
               f"= {100 * per_step:.2f}%")  # fmt: skip
         monitor = StabilityMonitor(every_n_steps=args.every)
         times = train(args.norm, args.steps, monitor, tmp)
-        logging_steps = [s for s in range(2, args.steps + 1) if monitor.should_log(s)]
-        ordinary = [t for s, t in enumerate(times, 1) if s > 2 and not monitor.should_log(s)]
-        base = statistics.median(ordinary)
-        extra = [times[s - 1] - base for s in logging_steps]
-        per_log = statistics.median(extra)
-        print(f"median ordinary step {base * 1e3:.1f} ms; step 1 {times[0]:.2f} s")
-        print(f"logging steps {logging_steps}: extra {[round(e * 1e3) for e in extra]} ms")
+        base, per_log = logging_step_overhead(times, monitor.should_log)
         print(f"at every 100 steps: {per_log * 1e3:.0f} ms / (100 x {base * 1e3:.1f} ms) = "
               f"{100 * per_log / (100 * base):.2f}% + every step {100 * per_step:.2f}% = "
               f"{100 * (per_log / (100 * base) + per_step):.2f}% of training time")  # fmt: skip
-        if args.runs < 1:  # --runs 0: the in-run estimate only
-            return
-        totals: dict[str, list[float]] = {"off": [], "every100": []}
-        for _ in range(args.runs):
-            for mode in ("off", "every100"):  # interleaved
-                mon = StabilityMonitor(every_n_steps=100) if mode == "every100" else None
-                totals[mode].append(sum(train(args.norm, args.steps, mon, tmp)))
-        off, on = statistics.median(totals["off"]), statistics.median(totals["every100"])
-        print(f"whole runs of {args.steps} steps, {args.runs} interleaved pairs: off {totals['off']} s, "
-              f"every 100 {totals['every100']} s; median ratio {on / off:.3f}")  # fmt: skip
-
+        interleaved_runs(args.norm, args.steps, args.runs, lambda: StabilityMonitor(every_n_steps=100), tmp)
 
 if __name__ == "__main__":
     main()
