@@ -79,6 +79,7 @@ def main(out_dir: str) -> None:
         }
     if rank == 0:
         torch.save(results, Path(out_dir) / "fsdp2_schemes.pt")
+    dist.barrier()  # both ranks leave together: a rank exiting while gloo still serves the other aborted (SIGABRT)
     dist.destroy_process_group()
 
 
