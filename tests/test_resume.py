@@ -4,6 +4,7 @@ different configuration, and the progress bar counts steps out of ``max_steps``.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import signal
@@ -191,3 +192,56 @@ def test_sigterm_saves_last_at_the_stopped_step_and_resume_continues(tmp_path: P
     assert cli.trainer.global_step == stopped + 2
     assert saved_step(last) == stopped + 2
     assert os.path.samefile(cli.trainer.logger.log_dir, last.parent.parent)
+
+
+class _Validations(L.Callback):
+    """Records the batches of every validation pass (the sanity check too) and ``val/loss`` per step;
+    optionally sends this process a SIGTERM after a step, as a cluster's preemption does."""
+
+    def __init__(self, sigterm_at: int | None = None) -> None:
+        self.sigterm_at = sigterm_at
+        self.passes: list[list[str]] = []
+        self.val_loss: dict[int, float] = {}
+
+    def on_validation_start(self, trainer: L.Trainer, *args) -> None:
+        self.passes.append([])
+
+    def on_validation_batch_start(self, trainer: L.Trainer, pl_module, batch, *args) -> None:
+        self.passes[-1].append(hashlib.sha1(batch["input_ids"].numpy().tobytes()).hexdigest())
+
+    def on_validation_end(self, trainer: L.Trainer, *args) -> None:
+        if not trainer.sanity_checking:
+            self.val_loss[trainer.global_step] = float(trainer.callback_metrics["val/loss"])
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args) -> None:
+        if trainer.global_step == self.sigterm_at:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+@pytest.mark.slow
+def test_validation_reads_fixed_batches_and_a_resumed_run_has_the_same_val_loss(tmp_path: Path) -> None:
+    """The validation loader continued where the previous pass stopped (sanity check: batches 0-1, then
+    2-3, 4-5, ...), so ``val/loss`` mixed data changes with training and differed after a resume."""
+    validate = ["--trainer.limit_val_batches", "2", "--trainer.val_check_interval", "3",
+                "--trainer.enable_progress_bar", "false"]  # fmt: skip
+
+    def fit(runs: Path, recorder: _Validations, ckpt_path: Path | None = None) -> L.Trainer:
+        cli = main(fit_args(runs, 12, *validate)[1:], run=False)
+        cli.trainer.callbacks.insert(0, recorder)
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
+        return cli.trainer
+
+    uninterrupted = _Validations()
+    fit(tmp_path / "a", uninterrupted)
+    assert len(uninterrupted.passes) == 5 and sorted(uninterrupted.val_loss) == [3, 6, 9, 12]  # sanity check + 4
+    assert all(p == uninterrupted.passes[0] and len(p) == 2 for p in uninterrupted.passes)
+    interrupted = _Validations(sigterm_at=5)
+    with pytest.raises(SystemExit):  # Lightning's SIGTERMException: the process exits 0
+        fit(tmp_path / "b", interrupted)
+    last = tmp_path / "b" / "tiny-rmsnorm" / "version_0" / "checkpoints" / "last.ckpt"
+    assert saved_step(last) == 5
+    resumed = _Validations()
+    assert fit(tmp_path / "b", resumed, ckpt_path=last).global_step == 12
+    assert all(p == uninterrupted.passes[0] for p in interrupted.passes + resumed.passes)
+    assert interrupted.val_loss == {3: uninterrupted.val_loss[3]}
+    assert resumed.val_loss == {k: uninterrupted.val_loss[k] for k in (6, 9, 12)}

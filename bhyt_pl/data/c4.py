@@ -30,7 +30,14 @@ from bhyt_pl.data.tokenizer import ASSETS_DIR, EMBEDDED, HUB_TOKENIZER, SpecialT
 from bhyt_pl.errors import UsageError
 from bhyt_pl.validation import raise_if_problems
 
-__all__ = ["EMBEDDED_DATA_FILES", "C4DataModule", "PackedWindows", "ResumableLoader", "read_documents"]
+__all__ = [
+    "EMBEDDED_DATA_FILES",
+    "C4DataModule",
+    "PackedWindows",
+    "ResumableLoader",
+    "collate_fixed_windows",
+    "read_documents",
+]
 
 log = logging.getLogger(__name__)
 
@@ -245,6 +252,12 @@ def collate_windows(items: list[tuple[int, int, torch.Tensor]]) -> dict[str, Any
     }
 
 
+def collate_fixed_windows(items: list[tuple[int, int, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """``collate_windows`` without the stream bookkeeping: for loaders that restart at every pass."""
+    batch = collate_windows(items)
+    return {"input_ids": batch["input_ids"], "labels": batch["labels"]}
+
+
 class ResumableLoader(DataLoader):
     """A DataLoader over ``PackedWindows`` whose ``state_dict`` brings back the exact next batch.
 
@@ -437,11 +450,15 @@ class C4DataModule(LightningDataModule):
         )
 
     def val_dataloader(self) -> DataLoader | list:
+        """The same batches at every pass, the sanity check included: this rank's shard of the validation
+        split from its start, in file order (no shuffle), so ``val/loss`` moves only with the weights and a
+        resumed run validates on what the uninterrupted one does. A plain ``DataLoader`` over an iterable
+        dataset restarts at each ``iter()``; ``trainer.limit_val_batches`` takes the first N batches."""
         if self.val_split is None or self.val_split not in self.files:
             return []
         windows = self._windows(self.val_split, shuffle_buffer=0)
         workers = min(self.num_workers, len(self.files[self.val_split]) // windows.world_size)
-        return ResumableLoader(windows, self.batch_size, num_workers=workers, drop_last=False)
+        return DataLoader(windows, batch_size=self.batch_size, num_workers=workers, collate_fn=collate_fixed_windows)
 
     def test_dataloader(self) -> DataLoader | list:
         """C4 has no labelled test split: ``test`` reads the validation split."""

@@ -71,6 +71,33 @@ def test_two_ranks_two_workers_are_disjoint_and_complete(c4_dir: Path):
     assert sorted(seen_shards) == [0, 1, 2, 3]
 
 
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_validation_reads_the_same_batches_from_the_start_at_every_pass(c4_dir: Path, num_workers: int):
+    """The loader continued where the previous pass stopped: with ``limit_val_batches`` of a longer split the
+    sanity check, each pass and a resumed run read different batches. Each rank reads its own fixed shard."""
+    from types import SimpleNamespace
+
+    write_shard(c4_dir / "en" / "c4-validation.00001-of-00001.json.gz", [c4_row(t) for t in word_docs(8, 6)])
+
+    def rows(batches: list[dict]) -> list[list[int]]:
+        return [r for b in batches for r in torch.cat([b["input_ids"][:, :1], b["labels"]], 1).tolist()]
+
+    shards = []
+    for rank in range(2):
+        dm = C4DataModule(data_files=str(c4_dir), tokenizer="embedded", seq_len=8, batch_size=2,
+                          num_workers=num_workers, shuffle_buffer=4)  # fmt: skip
+        dm.trainer = SimpleNamespace(global_rank=rank, world_size=2)
+        dm.setup("fit")
+        loader = dm.val_dataloader()
+        limited = [[b for _, b in zip(range(2), loader)] for _ in range(2)]  # two passes cut at 2 batches
+        full, again = list(loader), [b for _, b in zip(range(2), loader)]
+        assert rows(limited[0]) == rows(limited[1]) == rows(again) == rows(full)[:4]
+        (shard,) = {int(s) for s in re.findall(r"\bs(\d)d", load_tokenizer("embedded").decode(rows(full)[0]))}
+        assert rows(full) == reference_windows(word_docs(shard, 6), 8)  # its shard, from the start, in order
+        shards.append(shard)
+    assert sorted(shards) == [8, 9]
+
+
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_resume_from_state_dict_gives_the_uninterrupted_next_batches(c4_dir: Path, num_workers: int):
     def loader() -> ResumableLoader:
