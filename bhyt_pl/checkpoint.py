@@ -25,6 +25,7 @@ __all__ = [
     "read_checkpoint",
     "read_checkpoint_metadata",
     "read_model_config",
+    "resolved_model_config",
     "resume_mismatches",
 ]
 
@@ -120,12 +121,28 @@ def _plain(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
 
 
+def resolved_model_config(config: LlamaConfig | Mapping[str, Any]) -> dict[str, Any]:
+    """A model config as its model is built: ``LlamaConfig``'s own canonical spelling of every field
+    (an alias such as ``qk_norm: true`` becomes the mode it names) and ``norm_args`` with every argument
+    of the norm scheme, defaults filled in (``NormScheme.hparams``). Two configs that build the same model
+    resolve equal however they were spelled (a norm overlay listing its defaults, or none). Run facts are
+    compared as recorded: a config is bound before it is saved (``LlamaConfig.bind``)."""
+    if not isinstance(config, LlamaConfig):
+        config = LlamaConfig(**config)
+    resolved = config.to_dict()
+    resolved["norm_args"] = config.norm_scheme().hparams()
+    return resolved
+
+
 def resume_mismatches(config: LlamaConfig, hparams: Mapping[str, Any], checkpoint: Mapping[str, Any]) -> list[str]:
     """One line per setting where this run differs from the checkpoint it resumes, each named as the
     command line names it: the model config (``model.preset``, ``model.norm``, ``model.norm_args.<key>``
-    including BHyT's ``seq_len``, ``model.overrides.<field>``) and ``RESUME_MUST_MATCH``. Empty: compatible."""
-    saved_config = dict(checkpoint["bhyt_pl"]["model_config"])
-    ours = config.to_dict()
+    including BHyT's ``seq_len``, ``model.overrides.<field>``) and ``RESUME_MUST_MATCH``. Empty: compatible.
+
+    Both sides are compared resolved (``resolved_model_config``), so only a real difference is reported,
+    as ``checkpoint <value>, this run <value>``; when the norm differs its arguments are not listed."""
+    saved_config = resolved_model_config(checkpoint["bhyt_pl"]["model_config"])
+    ours = resolved_model_config(config)
     lines = []
 
     def differ(label: str, saved: Any, current: Any) -> None:
@@ -135,9 +152,9 @@ def resume_mismatches(config: LlamaConfig, hparams: Mapping[str, Any], checkpoin
     for key in sorted(set(saved_config) | set(ours)):
         saved, current = saved_config.get(key), ours.get(key)
         if key == "norm_args":
-            saved, current = saved or {}, current or {}
-            for arg in sorted(set(saved) | set(current)):
-                differ(f"model.norm_args.{arg}", saved.get(arg, "<unset>"), current.get(arg, "<unset>"))
+            if saved_config["norm"] == ours["norm"]:
+                for arg in sorted(set(saved) | set(current)):
+                    differ(f"model.norm_args.{arg}", saved.get(arg), current.get(arg))
         else:
             label = {"name": "model.preset", "norm": "model.norm"}.get(key, f"model.overrides.{key}")
             differ(label, saved, current)

@@ -25,10 +25,51 @@ def test_bhyt_T_and_every_model_field_is_compared() -> None:
     other = LlamaLM(norm="bhyt", norm_args={"lambda_attn": 1.0}, seq_len=128, overrides={"n_layers": 2}, lr=1e-3)
     assert resume_mismatches(other.config, other.hparams, saved) == [
         "model.overrides.n_layers: checkpoint 4, this run 2",
-        "model.norm_args.lambda_attn: checkpoint '<unset>', this run 1.0",
+        "model.norm_args.lambda_attn: checkpoint 2.0, this run 1.0",
         "model.norm_args.seq_len: checkpoint 256, this run 128",  # BHyT's T
         "model.seq_len: checkpoint 256, this run 128",
         "model.lr: checkpoint 0.003, this run 0.001",
+    ]
+
+
+def test_the_resume_check_compares_resolved_values() -> None:
+    """Trained with ``--model.norm bhyt`` and resumed with ``--config recipes/norms/bhyt.yaml`` (which spells
+    out the defaults), six fields were reported as ``'<unset>' vs 2.0`` and the valid resume was refused."""
+    import yaml
+
+    overlay = yaml.safe_load((Path(__file__).parents[1] / "recipes" / "norms" / "bhyt.yaml").read_text())["model"]
+    saved = _checkpoint_of(LlamaLM(norm="bhyt", seq_len=256))
+    assert saved["bhyt_pl"]["model_config"]["norm_args"] == {"seq_len": 256}  # the defaults are not spelled out
+    spelled = LlamaLM(norm=overlay["norm"], norm_args=overlay["norm_args"], seq_len=256)
+    assert len(overlay["norm_args"]) == 6 and resume_mismatches(spelled.config, spelled.hparams, saved) == []
+    changed = LlamaLM(norm="bhyt", norm_args={**overlay["norm_args"], "p": 0.9}, seq_len=256)
+    assert resume_mismatches(changed.config, changed.hparams, saved) == [
+        "model.norm_args.p: checkpoint 0.99, this run 0.9"
+    ]
+    other_norm = LlamaLM(norm="layernorm", seq_len=256)  # the norm's own arguments are not listed on top
+    assert resume_mismatches(other_norm.config, other_norm.hparams, saved) == [
+        "model.norm: checkpoint 'bhyt', this run 'layernorm'"
+    ]
+    rms = _checkpoint_of(LlamaLM(seq_len=64))
+    explicit_default = LlamaLM(norm_args={"eps": 1e-5}, seq_len=64)
+    assert resume_mismatches(explicit_default.config, explicit_default.hparams, rms) == []
+
+
+def test_the_resume_check_treats_an_alias_as_the_value_it_names() -> None:
+    """``qk_norm: true`` is an alias of ``"head"`` (issue 23): the check compares what the config resolves to."""
+    from bhyt_pl.config import LlamaConfig
+
+    try:
+        LlamaConfig.from_name("tiny", qk_norm="head")
+    except ValueError:
+        pytest.skip("this LlamaConfig has no qk_norm modes yet")
+    saved = _checkpoint_of(LlamaLM(overrides={"qk_norm": "head"}, seq_len=64))
+    saved["bhyt_pl"]["model_config"]["qk_norm"] = True  # as a checkpoint written before the modes has it
+    resumed = LlamaLM(overrides={"qk_norm": "head"}, seq_len=64)
+    assert resume_mismatches(resumed.config, resumed.hparams, saved) == []
+    full = LlamaLM(overrides={"qk_norm": "full"}, seq_len=64)
+    assert resume_mismatches(full.config, full.hparams, saved) == [
+        "model.overrides.qk_norm: checkpoint 'head', this run 'full'"
     ]
 
 

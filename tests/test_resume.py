@@ -109,11 +109,10 @@ def test_ckpt_path_last_with_nothing_to_resume_says_where_it_looked(trained: Pat
     ("args", "fields", "explicit"),
     [
         (["--model.norm", "layernorm", "--run_name", "tiny-rmsnorm"], ["model.norm: checkpoint 'rmsnorm'"], False),
-        (["--model.norm_args", "{eps: 1.0e-6}"], ["model.norm_args.eps: checkpoint '<unset>', this run 1e-06"], True),
+        (["--model.norm_args", "{eps: 1.0e-6}"], ["model.norm_args.eps: checkpoint 1e-05, this run 1e-06"], True),
         (["--model.lr", "0.1", "--model.preset", "small", "--model.norm", "bhyt"],
          ["model.preset: checkpoint 'tiny', this run 'small'", "model.lr: checkpoint 0.003, this run 0.1",
-          "model.norm: checkpoint 'rmsnorm', this run 'bhyt'",
-          "model.norm_args.seq_len: checkpoint '<unset>', this run 16"],
+          "model.norm: checkpoint 'rmsnorm', this run 'bhyt'"],
          True),
         (["--data.init_args.seq_len", "32"], ["model.seq_len: checkpoint 16, this run 32"], False),
     ],
@@ -131,7 +130,16 @@ def test_resume_with_another_config_fails_before_any_work(
         main(fit_args(runs, 20, *args, "--ckpt_path", ckpt))
     for field in fields:
         assert field in str(err.value)
+    assert "<unset>" not in str(err.value) and "norm_args" not in str(err.value).replace("model.norm_args.eps", "")
     assert sorted(p for p in runs.rglob("*")) == before  # nothing written
+
+
+def test_a_resume_spelling_out_the_default_norm_args_is_accepted(trained: Path, tmp_path: Path) -> None:
+    """A norm overlay listing its defaults was refused as ``'<unset>' vs <default>``."""
+    runs = copy_runs(trained, tmp_path)
+    cli = main(fit_args(runs, 13, "--model.norm_args", "{eps: 1.0e-5}", "--ckpt_path", "last",
+                        "--trainer.enable_progress_bar", "false"))  # fmt: skip
+    assert cli.trainer.global_step == 13
 
 
 def test_fine_tuning_with_init_checkpoint_may_change_norm_args(trained: Path, tmp_path: Path) -> None:
