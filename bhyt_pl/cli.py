@@ -20,6 +20,7 @@ The LightningCLI subclass adds defaults, argument links and the checks that keep
 from __future__ import annotations
 
 import errno
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -31,7 +32,7 @@ from lightning.pytorch import LightningDataModule
 from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from bhyt_pl.callbacks.checkpointing import RunCheckpoint
+from bhyt_pl.callbacks.checkpointing import RunCheckpoint, StoppedByCtrlC
 from bhyt_pl.errors import UsageError
 from bhyt_pl.module import LlamaLM
 
@@ -118,6 +119,13 @@ class BHyTCLI(LightningCLI):
             return
         cfg = self._subcommand_config()
         ckpt_path = cfg.get("ckpt_path")
+        if ckpt_path is None and self.config.subcommand == "fit" and _slurm_restarts() > 0:
+            from bhyt_pl.runs import find_last_checkpoint
+
+            found = find_last_checkpoint(self._run_dir(cfg))
+            if found is not None:  # a requeued SLURM job repeats its command: it continues its run
+                print(f"bhyt_pl: requeued SLURM job (restart {_slurm_restarts()}): resuming from {found}")
+                ckpt_path = cfg.ckpt_path = str(found)
         if ckpt_path == "last":
             from bhyt_pl.runs import find_last_checkpoint, last_checkpoint_candidates
 
@@ -184,6 +192,29 @@ class BHyTCLI(LightningCLI):
             )
 
     before_fit = before_validate = before_test = before_predict = _check_checkpoint_config
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        """Resuming a run that already reached ``max_steps`` trains nothing: say so in one line instead."""
+        meta = getattr(self, "_checkpoint_meta", None)
+        max_steps = self.trainer.max_steps
+        if subcommand == "fit" and meta is not None and max_steps is not None and max_steps >= 0:
+            step = meta.get("global_step", 0)
+            if step >= max_steps:
+                self._check_checkpoint_config()
+                print(
+                    f"bhyt_pl: the run is complete at step {step} (max_steps {max_steps}); nothing to train. "
+                    f"To train longer, resume with a larger --trainer.max_steps"
+                )
+                return
+        super()._run_subcommand(subcommand)
+
+
+def _slurm_restarts() -> int:
+    """How many times SLURM has requeued this job (0 outside SLURM)."""
+    try:
+        return int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+    except ValueError:
+        return 0
 
 
 def _resumed_run_version(ckpt_path: str | None) -> tuple[Path, str, int] | None:
@@ -267,6 +298,10 @@ def main(
             run=run,
             **kwargs,
         )
+    except StoppedByCtrlC:
+        if not handle_errors:
+            raise
+        raise SystemExit(130) from None  # 128 + SIGINT, as a shell reports a Ctrl-C; the run printed its line
     except Exception as err:
         message = user_error_message(err) if handle_errors else None
         if message is None:

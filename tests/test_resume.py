@@ -18,6 +18,7 @@ import pytest
 import torch
 import yaml
 
+from bhyt_pl.callbacks.checkpointing import StoppedByCtrlC
 from bhyt_pl.cli import main
 from bhyt_pl.errors import UsageError
 
@@ -149,33 +150,83 @@ def test_fine_tuning_with_init_checkpoint_may_change_norm_args(trained: Path, tm
     assert cli.model.config.norm == "rmsnorm"
 
 
-class _CtrlCAt(L.Callback):
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_train_batch_end(self, trainer: L.Trainer, *args) -> None:
-        if trainer.global_step == self.step:
-            os.kill(os.getpid(), signal.SIGINT)  # what a terminal sends on Ctrl-C
+sys.path.insert(0, str(ROOT / "tests" / "distributed_jobs"))  # test callbacks a command line can name
+from signals import SignalAt  # noqa: E402
 
 
-def test_ctrl_c_finishes_the_step_saves_last_and_stops(tmp_path: Path, caplog) -> None:
-    """It raised KeyboardInterrupt wherever it landed and kept only the previous periodic save (step 5)."""
+def test_ctrl_c_finishes_the_step_saves_last_at_once_and_exits_130(tmp_path: Path, monkeypatch, capsys, caplog) -> None:
+    """It ran a full validation pass before saving, printed "stopped by Ctrl-C" and "finished", and exited 0;
+    before that it raised KeyboardInterrupt wherever it landed and kept only the previous periodic save."""
     before = signal.getsignal(signal.SIGINT)  # default_int_handler, or SIG_IGN under nohup
-    cli = main(fit_args(tmp_path, 12, "--trainer.enable_progress_bar", "false")[1:], run=False)
-    cli.trainer.callbacks.insert(0, _CtrlCAt(7))
-    with caplog.at_level("INFO"):
+    validations = _Validations()
+    cli = main(fit_args(tmp_path, 12, "--trainer.enable_progress_bar", "false", "--trainer.limit_val_batches", "1",
+                        "--trainer.num_sanity_val_steps", "0")[1:], run=False)  # fmt: skip
+    cli.trainer.callbacks[:0] = [SignalAt(7), validations]
+    with caplog.at_level("INFO"), pytest.raises(StoppedByCtrlC):
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     last = tmp_path / "tiny-rmsnorm" / "version_0" / "checkpoints" / "last.ckpt"
     assert cli.trainer.global_step == 7 and saved_step(last) == 7
-    assert "stopped by Ctrl-C at step 7" in caplog.text
+    assert validations.passes == []  # saved at once: no validation pass first
+    lines = [
+        r.getMessage() for r in caplog.records if "bhyt_pl: " in r.getMessage() and "logs in" not in r.getMessage()
+    ]
+    assert lines == [f"bhyt_pl: stopped by Ctrl-C at step 7; saved {last}; resume with --ckpt_path last"]
     assert signal.getsignal(signal.SIGINT) is before  # the handler is given back
+    # on the command line: exit status 130 (128 + SIGINT), no traceback
+    monkeypatch.setattr(sys, "argv", ["bhyt_pl", *fit_args(tmp_path / "cli", 12, "--trainer.enable_progress_bar",
+                                                           "false", "--trainer.callbacks+", "signals.SignalAt",
+                                                           "--trainer.callbacks.step", "3")])  # fmt: skip
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    assert exit_.value.code == 130 and "Traceback" not in capsys.readouterr().err
+    assert saved_step(tmp_path / "cli" / "tiny-rmsnorm" / "version_0" / "checkpoints" / "last.ckpt") == 3
+
+
+def test_slurm_requeue_signal_saves_last_requeues_and_the_requeued_job_resumes(tmp_path: Path, monkeypatch) -> None:
+    """Lightning's handler saved ``hpc_ckpt_1.ckpt`` into the working directory wherever SIGUSR1 landed and
+    kept training; ``scontrol`` is a fake on PATH that records its arguments."""
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    calls = tmp_path / "scontrol.log"
+    (fake_bin / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    (fake_bin / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake_bin}{os.pathsep}{os.environ['PATH']}")
+    slurm = {"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "train", "SLURM_JOB_ID": "4242", "SLURM_PROCID": "0",
+             "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NODELIST": "localhost"}  # fmt: skip
+    for key, value in slurm.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(tmp_path)
+    runs = tmp_path / "runs"
+    args = fit_args(runs, 6, "--trainer.enable_progress_bar", "false")
+    cli = main(args[1:], run=False)
+    cli.trainer.callbacks.insert(0, SignalAt(3, signal.SIGUSR1))
+    with pytest.raises(SystemExit) as exit_:
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert exit_.value.code == 0 and cli.trainer.global_step == 3
+    last = runs / "tiny-rmsnorm" / "version_0" / "checkpoints" / "last.ckpt"
+    assert saved_step(last) == 3 and calls.read_text().split() == ["requeue", "4242"]
+    assert not list(tmp_path.rglob("hpc_ckpt_*.ckpt"))
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")  # the requeued job repeats its command
+    cli = main(args)
+    assert cli.trainer.global_step == 6 and saved_step(last) == 6
+    assert cli.trainer.logger.log_dir == str(runs / "tiny-rmsnorm" / "version_0")
+
+
+def test_resuming_a_finished_run_says_it_is_complete(trained: Path, tmp_path: Path, capsys) -> None:
+    """It trained nothing and said nothing."""
+    runs = copy_runs(trained, tmp_path)
+    before = sorted(p for p in runs.rglob("*"))
+    main(fit_args(runs, 12, "--ckpt_path", "last"))
+    out = capsys.readouterr().out
+    assert "bhyt_pl: the run is complete at step 12 (max_steps 12); nothing to train." in out
+    assert "--trainer.max_steps" in out
+    assert sorted(p for p in runs.rglob("*")) == before  # no new version, log or checkpoint
 
 
 @pytest.mark.slow
 def test_sigterm_saves_last_at_the_stopped_step_and_resume_continues(tmp_path: Path) -> None:
     """A real SIGTERM (a cluster's preemption) sent to a training subprocess: it used to lose every step
     since the last periodic save (here: all of them, saves every 1000 steps)."""
-    sys.path.insert(0, str(ROOT / "tests" / "distributed_jobs"))
     from launch import clean_env
 
     marker = tmp_path / "reached"

@@ -2,16 +2,29 @@
 
 Lightning's callback writes ``last`` at the end of training only when no ``last`` was written earlier
 in the run, so with ``every_n_train_steps=N`` the final ``max_steps % N`` steps are never saved; and an
-interrupted run (SIGTERM from a cluster's preemption, Ctrl-C) keeps only the previous save. This
-subclass always saves ``last`` at the final step and at the step an interruption stopped the run,
-checks before training that the checkpoint folder is writable, gives every rank the run version rank 0
-claimed (``RunLogger``), and prints where logs and checkpoints go at the start and the end.
+interrupted run (SIGTERM from a cluster's preemption, Ctrl-C, SLURM's requeue signal) keeps only the
+previous save. This subclass always saves ``last`` at the final step and at the step an interruption
+stopped the run, checks before training that the checkpoint folder is writable, gives every rank the
+run version rank 0 claimed (``RunLogger``), and prints where logs and checkpoints go at the start and the end.
+
+Signals (README, "Stopping and resuming"):
+
+- SIGTERM: Lightning stops every rank after the same step; ``last`` is saved there; exit status 0.
+- Ctrl-C (SIGINT): the current optimizer step finishes on every rank, ``last`` is saved at once (no
+  validation pass), one line is printed and ``StoppedByCtrlC`` ends the run: exit status 130. A second
+  Ctrl-C aborts without saving.
+- SLURM's requeue signal (SIGUSR1 unless ``SLURMEnvironment(requeue_signal=...)``, with ``auto_requeue``):
+  replaces Lightning's handler, which saved ``hpc_ckpt_N.ckpt`` wherever the signal landed (possibly
+  mid-step) into ``default_root_dir`` and kept training. Here the current step finishes, ``last`` is
+  saved, rank 0 runs ``scontrol requeue <job>`` and ``Requeued`` ends the process with status 0; the
+  requeued job (``SLURM_RESTART_COUNT`` > 0) resumes from ``last`` without ``--ckpt_path``.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import tempfile
 import threading
 from typing import Any
@@ -26,18 +39,45 @@ from typing_extensions import override
 from bhyt_pl.errors import UsageError
 from bhyt_pl.runs import RunLogger
 
-__all__ = ["RunCheckpoint"]
+__all__ = ["Requeued", "RunCheckpoint", "StoppedByCtrlC", "slurm_job_id"]
+
+
+class StoppedByCtrlC(Exception):
+    """The run stopped on Ctrl-C after saving ``last``: the command line exits with status 130 (128 + SIGINT)."""
+
+
+class Requeued(SystemExit):
+    """The run saved ``last`` on SLURM's requeue signal and asked SLURM to requeue the job: exit status 0."""
+
+    def __init__(self) -> None:
+        super().__init__(0)
+
+
+def slurm_job_id() -> str | None:
+    """The id ``scontrol requeue`` takes: ``<array job>_<task>`` for an array task, else ``SLURM_JOB_ID``."""
+    array_job = os.environ.get("SLURM_ARRAY_JOB_ID")
+    if array_job is not None:
+        return f"{array_job}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+    return os.environ.get("SLURM_JOB_ID")
+
+
+def _requeue_signal(trainer: L.Trainer) -> int | None:
+    """The signal SLURM sends before a job's time limit, when Lightning runs under SLURM with auto-requeue."""
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    environment = trainer._accelerator_connector.cluster_environment
+    if isinstance(environment, SLURMEnvironment) and environment.auto_requeue:
+        return environment.requeue_signal
+    return None
 
 
 class RunCheckpoint(ModelCheckpoint):
-    """``ModelCheckpoint`` that always saves ``last`` at the final step and on SIGTERM / Ctrl-C.
+    """``ModelCheckpoint`` that always saves ``last`` at the final step and on SIGTERM / Ctrl-C / SLURM requeue.
 
     Takes ``ModelCheckpoint``'s arguments (``--checkpoint.*`` on the command line). Interruptions save
-    ``last`` at the step the run stopped, so ``--ckpt_path last`` continues from there: SIGTERM (Lightning
-    stops every rank after the same completed step, the process exits with status 0) and Ctrl-C (the
-    current optimizer step finishes, on every rank, then the run ends normally; a second Ctrl-C aborts
-    without saving). Other exceptions follow ``save_on_exception`` as in Lightning (a crashed step's
-    state is not trusted by default).
+    ``last`` at the step the run stopped, so ``--ckpt_path last`` continues from there (module docstring:
+    exit statuses and SLURM). Other exceptions follow ``save_on_exception`` as in Lightning (a crashed
+    step's state is not trusted by default).
 
     Example:
         >>> import lightning as L
@@ -50,7 +90,8 @@ class RunCheckpoint(ModelCheckpoint):
         """Global step of the ``last`` checkpoint written in this run (None: none yet)."""
         self._start_step = 0
         self._ctrl_c = False
-        self._previous_sigint: Any = None
+        self._requeue = False
+        self._previous_handlers: dict[int, Any] = {}
 
     @property
     @override
@@ -90,9 +131,12 @@ class RunCheckpoint(ModelCheckpoint):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
         self._start_step = trainer.global_step
-        self._ctrl_c = False
+        self._ctrl_c = self._requeue = False
         if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread
-            self._previous_sigint = signal.signal(signal.SIGINT, self._on_ctrl_c)
+            self._previous_handlers[signal.SIGINT] = signal.signal(signal.SIGINT, self._on_ctrl_c)
+            requeue = _requeue_signal(trainer)
+            if requeue is not None:  # replaces Lightning's handler (set when the run started)
+                self._previous_handlers[requeue] = signal.signal(requeue, self._on_requeue_signal)
         log_dir = trainer.logger.log_dir if trainer.logger is not None else None
         rank_zero_info(f"bhyt_pl: logs in {log_dir}, checkpoints in {self.dirpath}")
 
@@ -104,13 +148,17 @@ class RunCheckpoint(ModelCheckpoint):
         if self._ctrl_c:
             raise KeyboardInterrupt
         self._ctrl_c = True
-        rank_zero_info("\nbhyt_pl: Ctrl-C: finishing this step, then saving last and stopping (Ctrl-C again aborts)")
 
-    def _restore_sigint(self) -> None:
-        previous = getattr(self, "_previous_sigint", None)
-        if previous is not None and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, previous)
-        self._previous_sigint = None
+    def _on_requeue_signal(self, signum: int, frame: Any) -> None:
+        """SLURM's warning before the time limit: stop after the current step, save ``last``, requeue."""
+        self._requeue = True
+
+    def _restore_signals(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            for signum, previous in self._previous_handlers.items():
+                if previous is not None:
+                    signal.signal(signum, previous)
+        self._previous_handlers = {}
 
     @override
     def on_train_batch_end(
@@ -119,12 +167,27 @@ class RunCheckpoint(ModelCheckpoint):
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         if (batch_idx + 1) % trainer.accumulate_grad_batches:
             return  # mid-accumulation: stop only after a whole optimizer step
-        stop = self._ctrl_c
+        ctrl_c, requeue = self._ctrl_c, self._requeue
         if trainer.world_size > 1:  # every rank stops after the same step
-            stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
-        if stop and not trainer.should_stop:
-            self._ctrl_c = True
-            trainer.should_stop = True
+            ctrl_c = trainer.strategy.reduce_boolean_decision(ctrl_c, all=False)
+            requeue = trainer.strategy.reduce_boolean_decision(requeue, all=False)
+        if not (ctrl_c or requeue):
+            return
+        self.save_last_now(trainer)
+        where = self.last_model_path or self.dirpath
+        if ctrl_c:
+            rank_zero_info(f"bhyt_pl: stopped by Ctrl-C at step {trainer.global_step}; saved {where}; "
+                           f"resume with --ckpt_path last")  # fmt: skip
+            raise StoppedByCtrlC(f"stopped by Ctrl-C at step {trainer.global_step}")
+        job = slurm_job_id()
+        if trainer.is_global_zero and job is not None:
+            result = subprocess.call(["scontrol", "requeue", job])
+            outcome = f"requeued SLURM job {job}" if result == 0 else f"`scontrol requeue {job}` failed ({result})"
+        else:
+            outcome = f"requeued SLURM job {job}"
+        rank_zero_info(f"bhyt_pl: SLURM requeue signal at step {trainer.global_step}; saved {where}; {outcome}; "
+                       f"the requeued job resumes from it")  # fmt: skip
+        raise Requeued
 
     @override
     def _save_last_checkpoint(self, trainer: L.Trainer, monitor_candidates: dict[str, Any]) -> None:
@@ -152,19 +215,18 @@ class RunCheckpoint(ModelCheckpoint):
 
     @override
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._restore_sigint()
+        self._restore_signals()
         # Lightning's version saves only if no ``last`` was written in this run: the final steps would be lost
         self.save_last_now(trainer)
         log_dir = trainer.logger.log_dir if trainer.logger is not None else None
         where = self.last_model_path or self.dirpath
-        if self._ctrl_c:
-            rank_zero_info(f"bhyt_pl: stopped by Ctrl-C at step {trainer.global_step}; saved {where}; "
-                           f"resume with --ckpt_path last")  # fmt: skip
         rank_zero_info(f"bhyt_pl: finished at step {trainer.global_step}; last checkpoint {where}; logs in {log_dir}")
 
     @override
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        self._restore_sigint()
+        self._restore_signals()
+        if isinstance(exception, (StoppedByCtrlC, Requeued)):
+            return  # saved and reported at the step boundary
         if not isinstance(exception, SIGTERMException):
             super().on_exception(trainer, pl_module, exception)
             return
@@ -177,5 +239,5 @@ class RunCheckpoint(ModelCheckpoint):
 
     @override
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self._restore_sigint()
+        self._restore_signals()
         super().teardown(trainer, pl_module, stage)

@@ -1,8 +1,11 @@
-"""A callback for signal tests: after a given step it announces itself in a file and slows the run down,
-so the test process can send a real signal while training is under way."""
+"""Callbacks for signal tests: ``AnnounceAndSlow`` announces itself in a file after a given step and slows
+the run down, so the test process can send a real signal while training is under way; ``SignalAt`` sends
+its own process a signal after a given step (Ctrl-C's SIGINT, SLURM's SIGUSR1)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -17,3 +20,12 @@ class AnnounceAndSlow(L.Callback):
         if trainer.global_step >= self.after_step:
             Path(self.marker).write_text(str(trainer.global_step))
             time.sleep(self.seconds_per_step)
+
+
+class SignalAt(L.Callback):
+    def __init__(self, step: int, signum: int = int(signal.SIGINT)) -> None:
+        self.step, self.signum = step, signum
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), self.signum)
