@@ -94,7 +94,12 @@ class BHyTCLI(LightningCLI):
             "--run_name", type=str | None, default=None, help="Run directory name; default '<preset>-<norm>'."
         )
         parser.add_lightning_class_args(RunCheckpoint, "checkpoint")
-        parser.set_defaults({"checkpoint.save_last": True, "checkpoint.every_n_train_steps": 1000})
+        # one file, ``last.ckpt``, unless the user asks for top-k (``--checkpoint.save_top_k K --checkpoint.monitor
+        # val/loss``) or periodic copies (``--checkpoint.save_top_k -1``): Lightning's default top-1 writes a second
+        # full ``epoch=E-step=N.ckpt`` beside it, which doubles the disk use and goes stale after a resume
+        parser.set_defaults(
+            {"checkpoint.save_last": True, "checkpoint.every_n_train_steps": 1000, "checkpoint.save_top_k": 0}
+        )
         parser.add_lightning_class_args(LearningRateMonitor, "lr_monitor")
         parser.set_defaults({"lr_monitor.logging_interval": "step"})
         parser.link_arguments("data", "model.seq_len", compute_fn=_data_seq_len, apply_on="instantiate")

@@ -57,6 +57,8 @@ def test_the_final_step_is_saved_in_last_ckpt(trained: Path) -> None:
     """Lightning alone leaves last.ckpt at step 10 of a 12-step run that saves every 5 steps."""
     version = trained / "tiny-rmsnorm" / "version_0"
     assert saved_step(version / "checkpoints" / "last.ckpt") == 12
+    # one file: Lightning's top-1 also kept a full, soon stale epoch=0-step=10.ckpt beside it
+    assert [p.name for p in (version / "checkpoints").iterdir()] == ["last.ckpt"]
     assert (version / "config.yaml").exists() and list(version.glob("events.out.tfevents.*"))
     hparams = yaml.safe_load((version / "hparams.yaml").read_text())
     assert hparams["norm"] == "rmsnorm" and hparams["norm_args"] == {}
@@ -86,6 +88,12 @@ def test_resume_continues_its_version_and_a_new_run_takes_the_next(trained: Path
     # `last` is now the newest version's: resuming it continues version_1
     cli = main(fit_args(runs, 4, "--ckpt_path", "last", "--trainer.enable_progress_bar", "false"))
     assert cli.trainer.global_step == 4 and cli.trainer.logger.log_dir == str(run / "version_1")
+
+
+def test_periodic_copies_are_kept_when_asked_for(tmp_path: Path) -> None:
+    main(fit_args(tmp_path, 10, "--checkpoint.save_top_k", "-1", "--trainer.enable_progress_bar", "false"))
+    folder = tmp_path / "tiny-rmsnorm" / "version_0" / "checkpoints"
+    assert sorted(p.name for p in folder.iterdir()) == ["epoch=0-step=10.ckpt", "epoch=0-step=5.ckpt", "last.ckpt"]
 
 
 def test_the_old_checkpoint_layout_is_still_found(trained: Path, tmp_path: Path) -> None:
