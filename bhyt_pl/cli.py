@@ -2,7 +2,8 @@
 
 The LightningCLI subclass adds defaults, argument links and the checks that keep a run's work safe:
 - ``model.seq_len`` and ``model.tokenizer`` come from the instantiated data module;
-- a run writes to ``<runs_dir>/<run_name>/version_N/`` (``run_name`` defaults to ``<preset>-<norm>``):
+- a run writes to ``<runs_dir>/<run_name>/version_N/`` (``run_name`` defaults to ``<preset>-<norm>``, plus a
+  short hash when overrides or norm arguments change the model: ``default_run_name``):
   TensorBoard log, ``config.yaml`` and ``checkpoints/`` (``last.ckpt`` at the final step, on SIGTERM
   and on Ctrl-C); ``version_N`` is claimed atomically (``bhyt_pl.runs``);
 - ``--ckpt_path last`` is the newest version's last checkpoint under ``<runs_dir>/<run_name>/``
@@ -36,7 +37,7 @@ from bhyt_pl.callbacks.checkpointing import RunCheckpoint, StoppedByCtrlC
 from bhyt_pl.errors import UsageError
 from bhyt_pl.module import LlamaLM
 
-__all__ = ["BHyTCLI", "main"]
+__all__ = ["BHyTCLI", "default_run_name", "main"]
 
 TOOLS = {
     "eval": "bhyt_pl.eval",
@@ -69,6 +70,53 @@ def _norm_label(norm: Any) -> str:
     return str(class_path).rsplit(".", 1)[-1].lower() if class_path else "custom"
 
 
+def _model_settings(config: Any) -> dict[str, Any]:
+    """The resolved model config without the norm's run facts (``seq_len`` is the data's, not a model choice)."""
+    from bhyt_pl.checkpoint import resolved_model_config
+
+    resolved = resolved_model_config(config)
+    for fact in config.norm_scheme().run_facts:
+        resolved["norm_args"].pop(fact, None)
+    return resolved
+
+
+def default_run_name(
+    preset: str, norm: Any, overrides: dict[str, Any] | None = None, norm_args: dict[str, Any] | None = None
+) -> str:
+    """``<preset>-<norm>``, plus ``-<8 hex digits>`` hashing every model setting that differs from the preset
+    with that norm's defaults (``--model.overrides`` such as ``qk_norm`` or ``n_layers``, ``--model.norm_args``).
+
+    Two runs share a default name only when they build the same model, so ``--ckpt_path last`` never picks
+    up another architecture's checkpoint; settings are compared resolved, so spelling out a default (a norm
+    overlay listing its arguments) or an alias keeps the name. ``--run_name`` replaces it.
+
+    Example:
+        >>> default_run_name("tiny", "bhyt"), default_run_name("tiny", "bhyt", norm_args={"lambda_attn": 2.0})
+        ('tiny-bhyt', 'tiny-bhyt')
+        >>> default_run_name("tiny", "derf", {"qk_norm": True})  # doctest: +ELLIPSIS
+        'tiny-derf-...'
+    """
+    import hashlib
+    import json
+
+    from bhyt_pl.config import LlamaConfig
+
+    label = f"{preset}-{_norm_label(norm)}"
+    if not overrides and not norm_args:
+        return label
+    try:
+        base = _model_settings(LlamaConfig.from_name(preset, norm=norm))
+        ours = _model_settings(LlamaConfig.from_name(preset, **dict(overrides or {}), norm=norm,
+                                                     norm_args=dict(norm_args or {})))  # fmt: skip
+    except Exception:  # noqa: BLE001 - a bad or custom setting: the constructors report it, by name, later
+        return label
+    changed = {key: value for key, value in ours.items() if value != base.get(key)}
+    if not changed:
+        return label
+    digest = hashlib.sha1(json.dumps(changed, sort_keys=True, default=repr).encode()).hexdigest()[:8]
+    return f"{label}-{digest}"
+
+
 class _ShortErrorParser(LightningArgumentParser):
     """Parse errors without the usage dump (about 80 lines for ``fit``) in front of the one line that
     matters; the ``--help`` tip and the error itself are still printed."""
@@ -91,7 +139,10 @@ class BHyTCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:  # noqa: ANN001 - jsonargparse parser
         parser.add_argument("--runs_dir", type=str, default="runs", help="Root directory of logs and checkpoints.")
         parser.add_argument(
-            "--run_name", type=str | None, default=None, help="Run directory name; default '<preset>-<norm>'."
+            "--run_name",
+            type=str | None,
+            default=None,
+            help="Run directory name; default '<preset>-<norm>', plus '-<hash>' when the model is not the preset's.",
         )
         parser.add_lightning_class_args(RunCheckpoint, "checkpoint")
         # one file, ``last.ckpt``, unless the user asks for top-k (``--checkpoint.save_top_k K --checkpoint.monitor
@@ -111,7 +162,8 @@ class BHyTCLI(LightningCLI):
 
     @staticmethod
     def _run_dir(cfg: Namespace) -> Path:
-        run_name = cfg.run_name or f"{cfg.model.preset}-{_norm_label(cfg.model.norm)}"
+        model = cfg.model
+        run_name = cfg.run_name or default_run_name(model.preset, model.norm, model.overrides, model.norm_args)
         return Path(cfg.runs_dir) / run_name
 
     def _parse_ckpt_path(self) -> None:
@@ -140,8 +192,9 @@ class BHyTCLI(LightningCLI):
                 looked = ", ".join(str(p) for p in last_checkpoint_candidates(run_dir))
                 raise UsageError(
                     f"--ckpt_path last: nothing to resume under {str(run_dir)!r} (looked in {looked}); "
-                    f"the run folder is <runs_dir>/<run_name> with run_name defaulting to <preset>-<norm>: check "
-                    f"--runs_dir, --run_name and --model.norm, or drop --ckpt_path to start a new run"
+                    f"the run folder is <runs_dir>/<run_name> with run_name defaulting to <preset>-<norm>, plus a hash "
+                    f"of model overrides: check --runs_dir, --run_name, --model.norm and --model.overrides, or drop "
+                    f"--ckpt_path to start a new run"
                 )
             cfg.ckpt_path = str(found)
         elif ckpt_path in (None, "best", "hpc") or str(ckpt_path).startswith("registry"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -19,11 +20,13 @@ import torch
 import yaml
 
 from bhyt_pl.callbacks.checkpointing import StoppedByCtrlC
-from bhyt_pl.cli import main
+from bhyt_pl.cli import default_run_name, main
 from bhyt_pl.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = "{n_layers: 1, dim: 32, n_heads: 2, n_kv_heads: 1, mlp_dim: 64}"
+RUN = default_run_name("tiny", "rmsnorm", yaml.safe_load(TINY))
+"""The default run name of ``fit_args``: the overrides make it ``tiny-rmsnorm-<hash>``."""
 
 
 def fit_args(runs_dir: Path, steps: int, *extra: str) -> list[str]:
@@ -55,7 +58,7 @@ def copy_runs(trained: Path, tmp_path: Path) -> Path:
 
 def test_the_final_step_is_saved_in_last_ckpt(trained: Path) -> None:
     """Lightning alone leaves last.ckpt at step 10 of a 12-step run that saves every 5 steps."""
-    version = trained / "tiny-rmsnorm" / "version_0"
+    version = trained / RUN / "version_0"
     assert saved_step(version / "checkpoints" / "last.ckpt") == 12
     # one file: Lightning's top-1 also kept a full, soon stale epoch=0-step=10.ckpt beside it
     assert [p.name for p in (version / "checkpoints").iterdir()] == ["last.ckpt"]
@@ -67,7 +70,7 @@ def test_the_final_step_is_saved_in_last_ckpt(trained: Path) -> None:
 @pytest.mark.slow
 def test_resume_continues_its_version_and_a_new_run_takes_the_next(trained: Path, tmp_path: Path, caplog) -> None:
     runs = copy_runs(trained, tmp_path)
-    run = runs / "tiny-rmsnorm"
+    run = runs / RUN
     version = run / "version_0"
     with caplog.at_level("INFO"):
         cli = main(fit_args(runs, 14, "--ckpt_path", "last"))  # max_steps may change on resume
@@ -92,32 +95,52 @@ def test_resume_continues_its_version_and_a_new_run_takes_the_next(trained: Path
 
 def test_periodic_copies_are_kept_when_asked_for(tmp_path: Path) -> None:
     main(fit_args(tmp_path, 10, "--checkpoint.save_top_k", "-1", "--trainer.enable_progress_bar", "false"))
-    folder = tmp_path / "tiny-rmsnorm" / "version_0" / "checkpoints"
+    folder = tmp_path / RUN / "version_0" / "checkpoints"
     assert sorted(p.name for p in folder.iterdir()) == ["epoch=0-step=10.ckpt", "epoch=0-step=5.ckpt", "last.ckpt"]
+
+
+def test_the_default_run_name_differs_whenever_the_model_does(tmp_path: Path) -> None:
+    """A QK-norm run had the plain scheme's name (``tiny-derf``), so the plain run's ``--ckpt_path last``
+    picked up the QK checkpoint."""
+    assert default_run_name("tiny", "derf") == "tiny-derf"
+    qk = default_run_name("tiny", "derf", {"qk_norm": True})
+    assert re.fullmatch(r"tiny-derf-[0-9a-f]{8}", qk)
+    assert default_run_name("tiny", "derf", {"qk_norm": True, "n_layers": 2}) not in (qk, "tiny-derf")
+    # spelled-out defaults, a run fact, and an empty mapping name the same model
+    assert default_run_name("tiny", "derf", {"qk_norm": False}, {}) == "tiny-derf"
+    overlay = yaml.safe_load((ROOT / "recipes" / "norms" / "bhyt.yaml").read_text())["model"]["norm_args"]
+    assert default_run_name("tiny", "bhyt", {}, {**overlay, "seq_len": 16}) == "tiny-bhyt"
+    assert default_run_name("tiny", "bhyt", {}, {**overlay, "p": 0.9}) != "tiny-bhyt"
+    base = ["--config", str(ROOT / "recipes" / "tiny.yaml"), "--config", str(ROOT / "recipes" / "norms" / "derf.yaml"),
+            "--runs_dir", str(tmp_path)]  # fmt: skip
+    qk_run = main([*base, "--config", str(ROOT / "recipes" / "norms" / "qk_norm.yaml")], run=False)
+    assert Path(qk_run.trainer.logger.log_dir).parent == tmp_path / qk
+    assert Path(main(base, run=False).trainer.logger.log_dir).parent == tmp_path / "tiny-derf"
 
 
 def test_the_old_checkpoint_layout_is_still_found(trained: Path, tmp_path: Path) -> None:
     runs = tmp_path / "runs"
-    legacy = runs / "tiny-rmsnorm" / "checkpoints"
+    legacy = runs / RUN / "checkpoints"
     legacy.mkdir(parents=True)
-    shutil.copy(trained / "tiny-rmsnorm" / "version_0" / "checkpoints" / "last.ckpt", legacy / "last.ckpt")
+    shutil.copy(trained / RUN / "version_0" / "checkpoints" / "last.ckpt", legacy / "last.ckpt")
     cli = main(fit_args(runs, 13, "--ckpt_path", "last", "--trainer.enable_progress_bar", "false"))
     assert cli.trainer.global_step == 13
-    assert cli.trainer.logger.log_dir == str(runs / "tiny-rmsnorm" / "version_0")  # a new version folder
+    assert cli.trainer.logger.log_dir == str(runs / RUN / "version_0")  # a new version folder
 
 
 def test_ckpt_path_last_with_nothing_to_resume_says_where_it_looked(trained: Path, tmp_path: Path) -> None:
     """It used to start from step 0 and exit 0 (here: the run is under tiny-rmsnorm, not tiny-layernorm)."""
     runs = copy_runs(trained, tmp_path)
-    with pytest.raises(UsageError, match=r"nothing to resume under '.*tiny-layernorm' \(looked in .*checkpoints\)"):
+    looked = r"nothing to resume under '.*tiny-layernorm-[0-9a-f]{8}' \(looked in .*checkpoints\)"
+    with pytest.raises(UsageError, match=looked):
         main(fit_args(runs, 13, "--ckpt_path", "last", "--model.norm", "layernorm"))
-    assert not (runs / "tiny-layernorm").exists()
+    assert not list(runs.glob("tiny-layernorm*"))
 
 
 @pytest.mark.parametrize(
     ("args", "fields", "explicit"),
     [
-        (["--model.norm", "layernorm", "--run_name", "tiny-rmsnorm"], ["model.norm: checkpoint 'rmsnorm'"], False),
+        (["--model.norm", "layernorm", "--run_name", RUN], ["model.norm: checkpoint 'rmsnorm'"], False),
         (["--model.norm_args", "{eps: 1.0e-6}"], ["model.norm_args.eps: checkpoint 1e-05, this run 1e-06"], True),
         (["--model.lr", "0.1", "--model.preset", "small", "--model.norm", "bhyt"],
          ["model.preset: checkpoint 'tiny', this run 'small'", "model.lr: checkpoint 0.003, this run 0.1",
@@ -133,7 +156,7 @@ def test_resume_with_another_config_fails_before_any_work(
     """With ``last`` the layernorm run trained on RMSNorm weights; with a file Lightning silently took the
     checkpoint's norm, preset and lr instead of the command line's."""
     runs = copy_runs(trained, tmp_path)
-    ckpt = str(runs / "tiny-rmsnorm" / "version_0" / "checkpoints" / "last.ckpt") if explicit else "last"
+    ckpt = str(runs / RUN / "version_0" / "checkpoints" / "last.ckpt") if explicit else "last"
     before = sorted(p for p in runs.rglob("*"))
     with pytest.raises(UsageError, match="the configuration differs from the checkpoint") as err:
         main(fit_args(runs, 20, *args, "--ckpt_path", ckpt))
@@ -152,7 +175,7 @@ def test_a_resume_spelling_out_the_default_norm_args_is_accepted(trained: Path, 
 
 
 def test_fine_tuning_with_init_checkpoint_may_change_norm_args(trained: Path, tmp_path: Path) -> None:
-    ckpt = trained / "tiny-rmsnorm" / "version_0" / "checkpoints" / "last.ckpt"
+    ckpt = trained / RUN / "version_0" / "checkpoints" / "last.ckpt"
     args = fit_args(tmp_path, 2, "--model.init_checkpoint", str(ckpt), "--model.norm_args", "{eps: 1.0e-6}")
     cli = main(args[1:], run=False)  # a new run from the weights: no resume check applies
     assert cli.model.config.norm == "rmsnorm"
@@ -172,7 +195,7 @@ def test_ctrl_c_finishes_the_step_saves_last_at_once_and_exits_130(tmp_path: Pat
     cli.trainer.callbacks[:0] = [SignalAt(7), validations]
     with caplog.at_level("INFO"), pytest.raises(StoppedByCtrlC):
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-    last = tmp_path / "tiny-rmsnorm" / "version_0" / "checkpoints" / "last.ckpt"
+    last = tmp_path / RUN / "version_0" / "checkpoints" / "last.ckpt"
     assert cli.trainer.global_step == 7 and saved_step(last) == 7
     assert validations.passes == []  # saved at once: no validation pass first
     lines = [
@@ -187,7 +210,7 @@ def test_ctrl_c_finishes_the_step_saves_last_at_once_and_exits_130(tmp_path: Pat
     with pytest.raises(SystemExit) as exit_:
         main()
     assert exit_.value.code == 130 and "Traceback" not in capsys.readouterr().err
-    assert saved_step(tmp_path / "cli" / "tiny-rmsnorm" / "version_0" / "checkpoints" / "last.ckpt") == 3
+    assert saved_step(tmp_path / "cli" / RUN / "version_0" / "checkpoints" / "last.ckpt") == 3
 
 
 def test_slurm_requeue_signal_saves_last_requeues_and_the_requeued_job_resumes(tmp_path: Path, monkeypatch) -> None:
@@ -211,13 +234,13 @@ def test_slurm_requeue_signal_saves_last_requeues_and_the_requeued_job_resumes(t
     with pytest.raises(SystemExit) as exit_:
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     assert exit_.value.code == 0 and cli.trainer.global_step == 3
-    last = runs / "tiny-rmsnorm" / "version_0" / "checkpoints" / "last.ckpt"
+    last = runs / RUN / "version_0" / "checkpoints" / "last.ckpt"
     assert saved_step(last) == 3 and calls.read_text().split() == ["requeue", "4242"]
     assert not list(tmp_path.rglob("hpc_ckpt_*.ckpt"))
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")  # the requeued job repeats its command
     cli = main(args)
     assert cli.trainer.global_step == 6 and saved_step(last) == 6
-    assert cli.trainer.logger.log_dir == str(runs / "tiny-rmsnorm" / "version_0")
+    assert cli.trainer.logger.log_dir == str(runs / RUN / "version_0")
 
 
 def test_resuming_a_finished_run_says_it_is_complete(trained: Path, tmp_path: Path, capsys) -> None:
@@ -251,7 +274,7 @@ def test_sigterm_saves_last_at_the_stopped_step_and_resume_continues(tmp_path: P
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out[-3000:]
-    last = tmp_path / "runs" / "tiny-rmsnorm" / "version_0" / "checkpoints" / "last.ckpt"
+    last = tmp_path / "runs" / RUN / "version_0" / "checkpoints" / "last.ckpt"
     stopped = saved_step(last)
     assert 3 <= stopped < 200 and f"stopped by SIGTERM at step {stopped}" in out, out[-3000:]
     resume = fit_args(tmp_path / "runs", stopped + 2, "--ckpt_path", "last", "--trainer.enable_progress_bar", "false")
@@ -305,7 +328,7 @@ def test_validation_reads_fixed_batches_and_a_resumed_run_has_the_same_val_loss(
     interrupted = _Validations(sigterm_at=5)
     with pytest.raises(SystemExit):  # Lightning's SIGTERMException: the process exits 0
         fit(tmp_path / "b", interrupted)
-    last = tmp_path / "b" / "tiny-rmsnorm" / "version_0" / "checkpoints" / "last.ckpt"
+    last = tmp_path / "b" / RUN / "version_0" / "checkpoints" / "last.ckpt"
     assert saved_step(last) == 5
     resumed = _Validations()
     assert fit(tmp_path / "b", resumed, ckpt_path=last).global_step == 12
