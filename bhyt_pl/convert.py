@@ -300,7 +300,12 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--ckpt_path", required=True, help="LlamaLM checkpoint: a .ckpt file or a sharded folder.")
-    p.add_argument("--out", required=True, help="Output folder (created if missing).")
+    p.add_argument("--out", required=True, help="Output folder: new or empty (created if missing).")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="Export into a non-empty --out: the files the export writes are replaced, every other file is kept.",
+    )
     p.add_argument(
         "--tokenizer",
         default=None,
@@ -315,6 +320,18 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m bhyt_pl export``; returns the exit code."""
     args = build_parser().parse_args(argv)
     from bhyt_pl.checkpoint import load_model
+    from bhyt_pl.errors import UsageError
+
+    out_dir = Path(args.out)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"--out {args.out!r} is a file; give a folder (new or empty)")
+    existing = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
+    if existing and not args.overwrite:  # before any work: the user's files are never replaced silently
+        shown = ", ".join(existing[:3]) + (", ..." if len(existing) > 3 else "")
+        raise UsageError(
+            f"--out {args.out!r} is not empty ({len(existing)} entries: {shown}); choose a new folder, or pass "
+            f"--overwrite to replace the files the export writes (other files are kept)"
+        )
 
     dtype = None
     if args.dtype is not None:

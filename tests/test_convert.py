@@ -316,3 +316,29 @@ def test_export_command(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert hf.dtype == torch.bfloat16
     tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf", trust_remote_code=True)
     assert tok.bos_token == "<|begin_of_text|>" and tok.eos_token == "<|end_of_text|>"
+
+
+def test_export_refuses_a_non_empty_folder_unless_overwrite(tmp_path: Path, monkeypatch, capsys) -> None:
+    """It wrote over the user's files in ``--out`` and exited 0."""
+    import sys
+
+    from bhyt_pl.cli import main
+
+    model = Llama(_config("rmsnorm", vocab_size=8192))
+    ckpt = tmp_path / "last.ckpt"
+    state = {f"model.{k}": v for k, v in model.state_dict().items()}
+    torch.save({"state_dict": state, "bhyt_pl": {"model_config": model.config.to_dict(), "tokenizer": None}}, ckpt)
+    out = tmp_path / "hf"
+    out.mkdir()
+    (out / "config.json").write_text("my own config")
+    (out / "notes.txt").write_text("my notes")
+    monkeypatch.setattr(sys, "argv", ["bhyt_pl", "export", "--ckpt_path", str(ckpt), "--out", str(out)])
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and len(err.splitlines()) == 1
+    assert f"error: --out {str(out)!r} is not empty (2 entries: config.json, notes.txt)" in err and "--overwrite" in err
+    assert (out / "config.json").read_text() == "my own config"  # untouched
+    assert main(["export", "--ckpt_path", str(ckpt), "--out", str(out), "--overwrite"]) == 0
+    assert (out / "notes.txt").read_text() == "my notes"  # only the files the export writes are replaced
+    assert transformers.AutoConfig.from_pretrained(out).model_type == "llama"
