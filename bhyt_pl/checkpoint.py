@@ -89,8 +89,20 @@ def read_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
     return checkpoint
 
 
+_ZIP_MAGIC = b"PK\x03\x04"
+"""First bytes of torch's zip checkpoint format; a legacy (pre-1.6) pickle starts with ``\\x80``."""
+
+
 def _torch_load(path: Path, **kwargs: Any) -> Any:
-    """``torch.load`` whose failure on a file that is not a checkpoint names the file, not a pickle opcode."""
+    """``torch.load`` whose failure on a file that is not a checkpoint names the file, not a pickle opcode
+    (nor, for a text file, torch's advice on ``mmap``)."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if not (head.startswith(_ZIP_MAGIC) or head.startswith(b"\x80")):
+        raise UsageError(
+            f"{str(path)!r} is not a checkpoint (not in torch's format); give a .ckpt file written by bhyt_pl "
+            f"(e.g. runs/<run_name>/version_N/checkpoints/last.ckpt)"
+        )
     try:
         return torch.load(path, weights_only=False, **kwargs)
     except Exception as err:  # any unpickling or zip error means the same thing to the user

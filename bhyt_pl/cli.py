@@ -117,12 +117,38 @@ def default_run_name(
     return f"{label}-{digest}"
 
 
+def _one_line(message: str) -> str:
+    """jsonargparse's message as one line: a bad ``--data.init_args.*`` value comes wrapped in a dump of the
+    union's subtypes and the whole namespace; keep the data module's own errors, which name the field."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    if "Errors:" in lines:
+        errors = []
+        for line in lines[lines.index("Errors:") + 1 :]:
+            if line.startswith("Given value") or line.startswith("- Expected a <class 'NoneType'>"):
+                break
+            errors.append(line.removeprefix("- "))
+        lines = errors or lines
+    return " ".join(lines)
+
+
 class _ShortErrorParser(LightningArgumentParser):
-    """Parse errors without the usage dump (about 80 lines for ``fit``) in front of the one line that
-    matters; the ``--help`` tip and the error itself are still printed."""
+    """Parse errors as one line: ``error: <what> (options: python -m bhyt_pl fit --help)``, exit status 2,
+    without the usage dump (about 80 lines for ``fit``) and with the command the user types (jsonargparse
+    names the script, ``__main__.py``)."""
 
     def print_usage(self, file: Any = None) -> None:
         pass
+
+    def error(self, message: str, ex: Exception | None = None) -> Any:
+        from jsonargparse._common import debug_mode_active
+
+        if not self.exit_on_error or debug_mode_active():
+            return super().error(message, ex)
+        parser = getattr(ex, "subcommand_parser", None) or self
+        words = parser.prog.replace(" [options]", "").split()
+        command = " ".join(["python -m bhyt_pl", *words[1:]])
+        sys.stderr.write(f"error: {_one_line(message)} (options: {command} --help)\n")
+        raise SystemExit(2)
 
 
 class BHyTCLI(LightningCLI):
@@ -228,10 +254,12 @@ class BHyTCLI(LightningCLI):
             cfg.trainer.plugins = [{"class_path": "bhyt_pl.checkpoint_io.AtomicCheckpointIO"}]
 
     def instantiate_classes(self) -> None:
+        from lightning.fabric.utilities.exceptions import MisconfigurationException
+
         try:
             super().instantiate_classes()
-        except (ValueError, TypeError) as err:  # a bad setting found by a constructor: the message names it
-            raise UsageError(str(err)) from err
+        except (ValueError, TypeError, MisconfigurationException) as err:  # a bad setting found by a constructor
+            raise UsageError(_one_line(str(err))) from err  # the message names it (Trainer's: `max_steps` must be ...)
 
     def _check_checkpoint_config(self) -> None:
         """Fail before any work when the model config differs from the checkpoint's (resume or evaluation)."""

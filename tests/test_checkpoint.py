@@ -92,8 +92,9 @@ def test_a_file_that_is_not_a_checkpoint_is_a_usage_error(tmp_path: Path, conten
     path = tmp_path / "x.ckpt"
     path.write_bytes(content)
     for read in (read_checkpoint, read_checkpoint_metadata):
-        with pytest.raises(UsageError, match=r"'.*x\.ckpt' is not a checkpoint torch can read"):
+        with pytest.raises(UsageError, match=r"'.*x\.ckpt' is not a checkpoint") as err:
             read(path)
+        assert "mmap" not in str(err.value) and "\n" not in str(err.value)  # torch's advice is not the user's fix
 
 
 def test_a_foreign_checkpoint_is_named(tmp_path: Path) -> None:
