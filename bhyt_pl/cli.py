@@ -348,9 +348,16 @@ def user_error_message(err: BaseException) -> str | None:
     full = _disk_full(err)
     if full is not None:
         where = f" while writing {full.filename}" if full.filename else ""
+        target = Path(full.filename) if full.filename else None
+        if target is not None and target.exists():
+            kept = f"; the previous {target.name} is intact (checkpoints are written atomically)"
+        elif target is not None:
+            kept = f"; no {target.name} was written"
+        else:
+            kept = ""
         return (
             f"no space left on device{where}: {full.strerror or full}. Free space, or write the run elsewhere "
-            f"with --runs_dir; the previous last.ckpt is intact (checkpoints are written atomically)"
+            f"with --runs_dir{kept}"
         )
     if isinstance(err, (UsageError, FileNotFoundError, PermissionError)):
         return str(err)

@@ -19,10 +19,13 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.loggers import TensorBoardLogger
 from typing_extensions import override
 
+from bhyt_pl.errors import UsageError
+
 __all__ = [
     "RunLogger",
     "checkpoint_run_version",
     "claim_version",
+    "discard_version",
     "find_last_checkpoint",
     "last_checkpoint_candidates",
 ]
@@ -44,15 +47,36 @@ def claim_version(run_dir: str | Path) -> int:
 
     ``os.mkdir`` is atomic: when two processes race for the same N, one creates it and the other moves on."""
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    versions = _versions(run_dir)
-    version = versions[-1] + 1 if versions else 0
-    while True:
-        try:
-            os.mkdir(run_dir / f"version_{version}")
-            return version
-        except FileExistsError:
-            version += 1
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        versions = _versions(run_dir)
+        version = versions[-1] + 1 if versions else 0
+        while True:
+            try:
+                os.mkdir(run_dir / f"version_{version}")
+                return version
+            except FileExistsError:
+                version += 1
+    except FileExistsError as err:  # a file where a folder is needed
+        raise UsageError(f"cannot create the run folder {str(run_dir)!r}: {err.filename} is a file; check --runs_dir")
+    except OSError as err:  # read-only, no permission, quota, ...: found before any work
+        raise UsageError(
+            f"cannot create the run folder {str(run_dir)!r}: {err.strerror or err}; make --runs_dir writable "
+            f"or choose another one"
+        ) from None
+
+
+def discard_version(run_dir: str | Path, version: int) -> bool:
+    """Remove ``run_dir/version_N`` of a run that failed before its first step (a TensorBoard file and
+    ``config.yaml``, no checkpoint), so failed attempts leave no orphan folder; True if removed. A folder
+    holding a checkpoint is kept."""
+    import shutil
+
+    folder = Path(run_dir) / f"version_{version}"
+    if not folder.is_dir() or any(folder.glob("checkpoints/*.ckpt")):
+        return False
+    shutil.rmtree(folder, ignore_errors=True)
+    return True
 
 
 def _newest_last(folder: Path) -> Path | None:
@@ -104,11 +128,28 @@ class RunLogger(TensorBoardLogger):
         'runs/tiny-bhyt/version_0'
     """
 
+    claimed: bool = False
+    """True once this logger created its version folder (a new run, not a resume into an existing version)."""
+
     @override
     def _get_next_version(self) -> int:
         if rank_zero_only.rank != 0:
             return super()._get_next_version()
-        return claim_version(self.root_dir)
+        version = claim_version(self.root_dir)
+        self.claimed = True
+        return version
+
+    def discard(self) -> bool:
+        """Close the log and remove the version folder this logger claimed, if it holds no checkpoint
+        (``discard_version``); for a run that failed before its first step. True if removed."""
+        if not self.claimed or rank_zero_only.rank != 0:
+            return False
+        if self._experiment is not None:
+            self._experiment.close()
+            self._experiment = None
+        removed = discard_version(self.root_dir, int(self.version))
+        self.claimed = False
+        return removed
 
     def adopt_version(self, version: int | str) -> None:
         """Use rank 0's version on this rank (a version number or folder name)."""

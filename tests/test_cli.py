@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 import yaml
@@ -211,6 +212,39 @@ def test_a_read_only_checkpoint_folder_fails_before_training(tmp_path: Path, mon
     assert not list(tmp_path.rglob("*.ckpt"))
 
 
+def test_a_read_only_runs_dir_is_one_error_line(tmp_path: Path, monkeypatch, capsys) -> None:
+    """A 55-line traceback with exit 1 (root ignores chmod: the folder creation is refused instead)."""
+    import bhyt_pl.runs
+
+    def read_only(path, *args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system", str(path))
+
+    monkeypatch.setattr(bhyt_pl.runs.os, "mkdir", read_only)
+    err = _command_line(monkeypatch, capsys, "fit", "--config", str(RECIPES / "tiny.yaml"), "--runs_dir",
+                        str(tmp_path), "--trainer.max_steps", "2")  # fmt: skip
+    expected = f"error: cannot create the run folder {str(tmp_path / 'tiny-rmsnorm')!r}: Read-only file system; make"
+    assert err.startswith(expected) and "--runs_dir" in err and len(err.splitlines()) == 1, err
+
+
+def test_a_run_failing_at_its_first_step_leaves_no_orphan_folder(tmp_path: Path) -> None:
+    """It left version_0 (an event file, config.yaml): the next run took version_1, and ``--ckpt_path last``
+    had a version without a checkpoint to look past."""
+    args = ["--config", str(RECIPES / "tiny.yaml"), "--runs_dir", str(tmp_path), "--trainer.max_steps", "2",
+            "--data.init_args.seq_len", "16", "--trainer.enable_progress_bar", "false"]  # fmt: skip
+
+    class Fail(L.Callback):
+        def on_train_batch_start(self, *args) -> None:
+            raise RuntimeError("a bug in the first step")
+
+    cli = main(args, run=False)
+    cli.trainer.callbacks.insert(0, Fail())
+    with pytest.raises(RuntimeError, match="a bug in the first step"):
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert not list(tmp_path.rglob("version_*"))
+    cli = main(args, run=False)
+    assert cli.trainer.logger.log_dir == str(tmp_path / "tiny-rmsnorm" / "version_0")
+
+
 def test_a_full_disk_is_reported_plainly(tmp_path: Path, monkeypatch) -> None:
     """torch buried ``No space left on device`` in a chained ``inline_container`` error without the file."""
     import tempfile
@@ -229,6 +263,37 @@ def test_a_full_disk_is_reported_plainly(tmp_path: Path, monkeypatch) -> None:
     wrapped = RuntimeError("Trainer.fit failed")
     wrapped.__cause__ = err.value
     assert user_error_message(wrapped).startswith(f"no space left on device while writing {target}")
+    # the message about a previous checkpoint is true: it said "intact" when there was none
+    assert "no last.ckpt was written" in user_error_message(wrapped) and "intact" not in user_error_message(wrapped)
+    target.write_bytes(b"previous")
+    assert "the previous last.ckpt is intact" in user_error_message(wrapped)
+
+
+def test_too_little_free_space_fails_before_training_and_leaves_no_folder(tmp_path: Path, monkeypatch, capsys) -> None:
+    """A full disk was found at the first save, after the work; the failed run left an orphan version_0."""
+    import shutil
+    from collections import namedtuple
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 10**6, 10**6))  # 1 MB free
+    args = ["fit", "--config", str(RECIPES / "tiny.yaml"), "--runs_dir", str(tmp_path), "--trainer.max_steps", "2",
+            "--data.init_args.seq_len", "16", "--trainer.enable_progress_bar", "false"]  # fmt: skip
+    err = _command_line(monkeypatch, capsys, *args)
+    folder = tmp_path / "tiny-rmsnorm" / "version_0" / "checkpoints"
+    # the tiny preset: its parameters in fp32, and AdamW's two moments of the same size
+    from bhyt_pl.module import LlamaLM
+
+    lm = LlamaLM(preset="tiny", seq_len=16)
+    lm.configure_model()
+    params = sum(p.numel() for p in lm.parameters())
+    need = 3 * 4 * params / 1e6
+    assert (
+        f"not enough free disk space for checkpoints in {str(folder)!r}: one checkpoint needs about {need:.1f} MB"
+        in err
+        and "1.0 MB is free" in err
+        and len(err.splitlines()) == 1
+    ), err
+    assert not list(tmp_path.rglob("version_*"))  # the folder the run claimed is removed
 
 
 def test_a_parse_error_is_not_buried_under_the_usage(capsys) -> None:
@@ -237,6 +302,8 @@ def test_a_parse_error_is_not_buried_under_the_usage(capsys) -> None:
         main(["fit", "--config", str(RECIPES / "tiny.yaml"), "--model.nrom", "bhyt"])
     err = capsys.readouterr().err
     assert "error: " in err and "nrom" in err and "usage:" not in err and len(err.splitlines()) <= 3, err
+
+
 @pytest.mark.parametrize(
     ("args", "expected"),
     [

@@ -23,6 +23,7 @@ Signals (README, "Stopping and resuming"):
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -39,7 +40,23 @@ from typing_extensions import override
 from bhyt_pl.errors import UsageError
 from bhyt_pl.runs import RunLogger
 
-__all__ = ["Requeued", "RunCheckpoint", "StoppedByCtrlC", "slurm_job_id"]
+__all__ = ["Requeued", "RunCheckpoint", "StoppedByCtrlC", "checkpoint_bytes", "slurm_job_id"]
+
+
+def checkpoint_bytes(pl_module: L.LightningModule) -> int:
+    """Estimated size of one full checkpoint: the module's state dict plus AdamW's two moments (each the
+    size of its parameter) for every trainable parameter. Global sizes, also under FSDP (DTensors)."""
+    state = sum(t.numel() * t.element_size() for t in pl_module.state_dict().values() if hasattr(t, "numel"))
+    moments = sum(2 * p.numel() * p.element_size() for p in pl_module.parameters() if p.requires_grad)
+    return state + moments
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
 
 
 class StoppedByCtrlC(Exception):
@@ -126,6 +143,26 @@ class RunCheckpoint(ModelCheckpoint):
                 f"make it writable, or choose another folder with --runs_dir or --checkpoint.dirpath"
             )
         return None
+
+    @override
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """A full disk is found here, before any work, rather than at the first save."""
+        super().on_fit_start(trainer, pl_module)
+        if self.dirpath is None or "://" in str(self.dirpath) or not (self.save_last or self.save_top_k):
+            return
+        problem = None
+        if trainer.is_global_zero:
+            need = checkpoint_bytes(pl_module)
+            free = shutil.disk_usage(self.dirpath).free
+            if free < need:
+                problem = (
+                    f"not enough free disk space for checkpoints in {str(self.dirpath)!r}: one checkpoint needs "
+                    f"about {_size(need)} (the weights and AdamW's two moments), {_size(free)} is free; free "
+                    f"space, or write elsewhere with --runs_dir or --checkpoint.dirpath"
+                )
+        problem = trainer.strategy.broadcast(problem)
+        if problem:
+            raise UsageError(problem)
 
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -227,6 +264,10 @@ class RunCheckpoint(ModelCheckpoint):
         self._restore_signals()
         if isinstance(exception, (StoppedByCtrlC, Requeued)):
             return  # saved and reported at the step boundary
+        logger = trainer.logger
+        if isinstance(logger, RunLogger) and trainer.global_step == 0 and logger.discard():
+            # failed before its first step: no orphan version_N (a log and config.yaml) for the next run to skip
+            rank_zero_info(f"bhyt_pl: the run failed before its first step; removed its folder {logger.log_dir}")
         if not isinstance(exception, SIGTERMException):
             super().on_exception(trainer, pl_module, exception)
             return
