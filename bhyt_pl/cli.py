@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -121,6 +122,10 @@ def _one_line(message: str) -> str:
     """jsonargparse's message as one line: a bad ``--data.init_args.*`` value comes wrapped in a dump of the
     union's subtypes and the whole namespace; keep the data module's own errors, which name the field."""
     lines = [line.strip() for line in message.splitlines() if line.strip()]
+    key = re.fullmatch(r'Parser key "(.+)":', lines[0]) if lines else None
+    given = next((line.removeprefix("Given value: ") for line in lines if line.startswith("Given value: ")), None)
+    if key:
+        lines = lines[1:]
     if "Errors:" in lines:
         errors = []
         for line in lines[lines.index("Errors:") + 1 :]:
@@ -128,7 +133,9 @@ def _one_line(message: str) -> str:
                 break
             errors.append(line.removeprefix("- "))
         lines = errors or lines
-    return " ".join(lines)
+        if given is not None and len(given) <= 60:
+            lines.append(f"(got {given})")
+    return (f"--{key.group(1)}: " if key else "") + " ".join(lines)
 
 
 class _ShortErrorParser(LightningArgumentParser):

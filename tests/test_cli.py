@@ -311,8 +311,10 @@ def test_a_parse_error_is_not_buried_under_the_usage(capsys) -> None:
         (["--data.init_args.batch_size", "0"],
          "error: invalid C4DataModule arguments: batch_size must be a positive int, got 0"),
         (["--model.nrom", "bhyt"], "unrecognized arguments: --model.nrom bhyt (options: python -m bhyt_pl fit --help)"),
+        (["--model.overrides", "{n_layers:1}"],
+         "error: --model.overrides: Expected a <class 'dict'> (got {n_layers:1}) (options: python -m bhyt_pl"),
     ],
-    ids=["max_steps", "batch_size", "unknown-key"],
+    ids=["max_steps", "batch_size", "unknown-key", "not-a-mapping"],
 )  # fmt: skip
 def test_bad_settings_are_one_error_line(args, expected, tmp_path: Path, monkeypatch, capsys) -> None:
     """``max_steps -5``: a 32-line traceback, exit 1; ``batch_size 0``: a 9-line dump of the union's subtypes

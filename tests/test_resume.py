@@ -79,6 +79,8 @@ def test_resume_continues_its_version_and_a_new_run_takes_the_next(trained: Path
     assert f"finished at step 14; last checkpoint {version / 'checkpoints' / 'last.ckpt'}" in caplog.text
     bar = cli.trainer.progress_bar_callback.train_progress_bar
     assert (bar.n, bar.total) == (14, 14)  # steps out of max_steps, not batches of the epoch
+    # the rate is this run's 2 steps over its time: it counted the 12 resumed steps as done in no time
+    assert bar.initial == 12 and bar.format_dict["n"] - bar.format_dict["initial"] == 2
     assert cli.trainer.global_step == 14 and cli.trainer.logger.log_dir == str(run / "version_0")
     assert saved_step(run / "version_0" / "checkpoints" / "last.ckpt") == 14
     assert len(list((run / "version_0").glob("events.out.tfevents.*"))) == 2  # one folder, one curve

@@ -39,7 +39,7 @@ class StepProgressBar(TQDMProgressBar):
         super().on_train_epoch_start(trainer)
         bar = self.train_progress_bar
         bar.reset(total=self.total_steps(trainer))
-        bar.n = trainer.global_step
+        bar.n = bar.initial = trainer.global_step  # a resume starts here: the rate counts this run's steps only
         epoch_based = trainer.max_steps is None or trainer.max_steps < 0
         bar.set_description(f"Epoch {trainer.current_epoch} step" if epoch_based else "Step")
         bar.refresh()
