@@ -62,7 +62,8 @@ def read_documents(
     local or any fsspec URL such as ``hf://datasets/allenai/c4/...``).
 
     A line that is not JSON, has no ``text`` or a non-string ``text`` is skipped and counted in
-    ``skipped`` (keys ``not_json``, ``no_text``, ``text_not_str``); each file's count is logged. This
+    ``skipped`` (keys ``not_json``, ``no_text``, ``text_not_str``); each file's count is logged. A file
+    without any line is logged and counted as ``empty_shard``. This
     reader replaces ``datasets``' JSON builder, which aborts the whole shard on one malformed line.
 
     A shard that breaks part-way (truncated download, corrupted gzip) keeps the documents read before
@@ -102,6 +103,9 @@ def read_documents(
         if bad:
             log.warning("skipped %d malformed line(s) in %s: %s", sum(bad.values()), path, dict(bad))
             skipped.update(bad)
+        if kept == 0 and not bad and (unreadable is None or path not in unreadable):
+            log.warning("C4 shard %s has no document", path)
+            skipped["empty_shard"] += 1
 
 
 def _c4_split_files(source: str | dict | list | None, path: str, name: str | None) -> dict[str, list[str]]:

@@ -41,6 +41,8 @@ def parse_row(row: dict[str, Any]) -> list[str] | str:
     conversations = row.get("conversations")
     if conversations is not None:
         turns = conversations
+    elif "conversations" in row and all(row.get(key) is None for key in ("instruction", "input", "output")):
+        return "missing_field"  # a LIMA row whose conversations are null
     elif any(row.get(key) is not None for key in ("instruction", "input", "output")):
         instruction, extra, output = row.get("instruction"), row.get("input"), row.get("output")
         if instruction is None or output is None:
@@ -67,13 +69,15 @@ def encode_conversation(
     template: ChatTemplate = ChatTemplate(),
     max_seq_len: int = 2048,
     mask_prompt: bool = True,
+    truncated: Counter | None = None,
 ) -> tuple[list[int], list[int]]:
     """Token ids and shifted labels of one conversation, both of length ``<= max_seq_len``.
 
     ``labels[t]`` is ``ids[t + 1]`` of the full token sequence where that token is supervised, else
     -100. When the conversation exceeds ``max_seq_len + 1`` tokens, the prefix before the final
     assistant turn keeps its first segment (BOS) and its tail, and the final response keeps its start;
-    the response gets at least half of the budget (all of it if it is shorter).
+    the response gets at least half of the budget (all of it if it is shorter). A truncation is counted
+    in ``truncated`` (``rows`` += 1, ``tokens_cut`` += the tokens dropped) when given.
     """
     messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": content} for i, content in enumerate(turns)]
     segments = chat_segments(messages, template)
@@ -86,6 +90,8 @@ def encode_conversation(
     response, response_flags = encoded[-1], flags[-1]
     budget = max_seq_len + 1 - len(head)  # ids hold one token more than the shifted rows
     if len(body) + len(response) > budget:
+        if truncated is not None:
+            truncated.update(rows=1, tokens_cut=len(body) + len(response) - budget)
         keep_response = min(len(response), max(budget - len(body), budget // 2))
         keep_body = budget - keep_response
         body, body_flags = body[len(body) - keep_body :], body_flags[len(body_flags) - keep_body :]
@@ -187,7 +193,9 @@ class LIMADataModule(LightningDataModule):
         self.mask_prompt, self.val_split_fraction, self.seed = mask_prompt, val_split_fraction, seed
         self.template = ChatTemplate(system=system_prompt)
         self.skipped: Counter = Counter()
-        """Rows skipped at setup, by reason (``odd_length``, ``empty_turn``, ...)."""
+        """Rows skipped at setup, by reason (``odd_length``, ``empty_turn``, ``missing_field``, ...)."""
+        self.truncated: Counter = Counter()
+        """Conversations longer than ``max_seq_len`` at setup: ``rows`` and ``tokens_cut``."""
         self.special_tokens: SpecialTokens | None = None
         self.train_dataset: SFTDataset | None = None
         self.val_dataset: SFTDataset | None = None
@@ -221,18 +229,27 @@ class LIMADataModule(LightningDataModule):
             return
         tokenizer = load_tokenizer(self.tokenizer)
         self.special_tokens = SpecialTokens.from_tokenizer(tokenizer)
-        self.skipped = Counter()
+        self.skipped, self.truncated = Counter(), Counter()
         examples = []
         for row in self._rows():
             turns = parse_row(row)
             if isinstance(turns, str):
                 self.skipped[turns] += 1
                 continue
-            examples.append(encode_conversation(tokenizer, turns, self.template, self.max_seq_len, self.mask_prompt))
+            examples.append(
+                encode_conversation(
+                    tokenizer, turns, self.template, self.max_seq_len, self.mask_prompt, truncated=self.truncated
+                )
+            )
         if self.skipped:
             log.warning(
                 "LIMA: skipped %d malformed conversation(s): %s", sum(self.skipped.values()), dict(self.skipped)
             )
+        if self.truncated:
+            log.warning(
+                "LIMA: truncated %d of %d conversation(s) longer than max_seq_len=%d: %d token(s) cut in all",
+                self.truncated["rows"], len(examples), self.max_seq_len, self.truncated["tokens_cut"],
+            )  # fmt: skip
         if not examples:
             raise ValueError(
                 f"LIMA source {self.data_files or self.path!r} has no valid conversation ({dict(self.skipped)})"

@@ -193,6 +193,16 @@ def test_malformed_lines_are_skipped_counted_and_logged(tmp_path: Path, caplog: 
     assert [w.tolist() for _, _, w in ds] == reference_windows(good, 4)
 
 
+def test_an_empty_shard_is_reported_and_counted(tmp_path: Path, caplog: pytest.LogCaptureFixture):
+    """It was read as zero documents without a word."""
+    empty = write_shard(tmp_path / "c4-train.00000-of-00002.json.gz", [])
+    full = write_shard(tmp_path / "c4-train.00001-of-00002.json.gz", [c4_row(t) for t in word_docs(0, 2)])
+    skipped = Counter()
+    with caplog.at_level(logging.WARNING, logger="bhyt_pl.data.c4"):
+        assert len(list(read_documents([str(empty), str(full)], skipped))) == 2
+    assert skipped == Counter(empty_shard=1) and f"C4 shard {empty} has no document" in caplog.text
+
+
 def test_empty_source_fails_at_setup(tmp_path: Path):
     write_shard(tmp_path / "c4-train.00000-of-00001.json.gz", ["{bad", '{"text": null}'])
     dm = C4DataModule(data_files=str(tmp_path), tokenizer="embedded")

@@ -82,6 +82,7 @@ def test_truncation_keeps_the_prompt_tail_and_the_response_start():
         ({"conversations": ["q", " "], "source": "x"}, "empty_turn"),
         ({"conversations": ["q", 3], "source": "x"}, "not_strings"),
         ({"text": "neither format"}, "unknown_format"),
+        ({"conversations": None, "source": "x"}, "missing_field"),  # was "unknown_format"
     ],
 )
 def test_malformed_rows_name_their_reason(row, reason):
@@ -177,3 +178,17 @@ def test_rows_with_missing_fields_are_counted_at_setup(tmp_path: Path, caplog: p
     prompts = {tok.decode(ex[0]) for ex in dm.train_dataset.examples}
     assert not any("None" in p for p in prompts)
     assert "skipped 2 malformed conversation(s)" in caplog.text
+
+
+def test_conversations_longer_than_max_seq_len_are_counted_as_truncated(tmp_path: Path, caplog) -> None:
+    """They were cut silently."""
+    long_answer = " ".join(f"word{i}" for i in range(200))
+    rows = [{"conversations": ["Hi?", "Hello."]}, {"conversations": ["Tell me more.", long_answer]}]
+    path = tmp_path / "lima.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    dm = LIMADataModule(data_files=str(path), tokenizer="embedded", max_seq_len=32, val_split_fraction=0.0)
+    with caplog.at_level(logging.WARNING, logger="bhyt_pl.data.lima"):
+        dm.setup("fit")
+    full, _ = encode_conversation(load_tokenizer("embedded"), rows[1]["conversations"], max_seq_len=10_000)
+    assert dm.truncated == {"rows": 1, "tokens_cut": len(full) - 32}  # ids hold max_seq_len + 1 tokens before the shift
+    assert f"truncated 1 of 2 conversation(s) longer than max_seq_len=32: {len(full) - 32} token(s) cut" in caplog.text
