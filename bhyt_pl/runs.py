@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.loggers import TensorBoardLogger
@@ -127,6 +128,10 @@ class RunLogger(TensorBoardLogger):
         >>> logger.log_dir  # doctest: +SKIP
         'runs/tiny-bhyt/version_0'
     """
+
+    def __init__(self, *args: Any, default_hp_metric: bool = False, **kwargs: Any) -> None:
+        # no ``hp_metric = -1`` placeholder in TensorBoard's HPARAMS tab: a run's metrics are its scalars
+        super().__init__(*args, default_hp_metric=default_hp_metric, **kwargs)
 
     claimed: bool = False
     """True once this logger created its version folder (a new run, not a resume into an existing version)."""

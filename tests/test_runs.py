@@ -66,3 +66,18 @@ def test_checkpoint_run_version_reads_the_layout(tmp_path: Path) -> None:
     assert checkpoint_run_version(path) == (tmp_path / "runs", "tiny-bhyt", 3)
     assert checkpoint_run_version(tmp_path / "runs" / "tiny-bhyt" / "checkpoints" / "last.ckpt") is None
     assert checkpoint_run_version(tmp_path / "model.ckpt") is None
+
+
+def test_the_run_logger_sets_no_hp_metric_placeholder(tmp_path: Path) -> None:
+    """TensorBoard showed ``hp_metric = -1`` for every run."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from bhyt_pl.runs import RunLogger
+
+    logger = RunLogger(str(tmp_path), name="run")
+    logger.log_hyperparams({"lr": 0.1})
+    logger.log_metrics({"train/loss": 2.0}, step=1)
+    logger.finalize("success")
+    events = EventAccumulator(logger.log_dir)
+    events.Reload()
+    assert "hp_metric" not in events.Tags()["scalars"] and "train/loss" in events.Tags()["scalars"]

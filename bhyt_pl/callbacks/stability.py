@@ -535,11 +535,12 @@ class StabilityMonitor(L.Callback):
                 {
                     "stability/loss_spikes": float(self.loss_spikes.count),
                     "stability/grad_norm_spikes": float(self.grad_norm_spikes.count),
-                    "stability/loss_zscore": self.loss_spikes.zscore,
-                    "stability/grad_norm_zscore": self.grad_norm_spikes.zscore,
                     "stability/grad_norm_total": total_norm,
                 }
             )
+            # a z-score needs a history (two values): before that it is NaN, which is not logged
+            zscores = {"loss_zscore": self.loss_spikes.zscore, "grad_norm_zscore": self.grad_norm_spikes.zscore}
+            metrics.update({f"stability/{k}": v for k, v in zscores.items() if math.isfinite(v)})
         if loss_spike or grad_spike:
             log.info("StabilityMonitor: spike at step %d (loss %.4g, grad norm %.4g)", step, loss_value, total_norm)
         if not metrics:

@@ -155,6 +155,9 @@ def test_logged_statistics_equal_independent_references() -> None:
     total = math.sqrt(sum(v**2 for k, v in logged.items() if k.startswith("stability/grad_norm/layer_")) + outside)
     assert logged["stability/grad_norm_total"] == pytest.approx(total, rel=1e-6)
     assert expected["grad_norm"][0] != pytest.approx(expected["grad_norm"][1], rel=1e-3)  # layers are told apart
+    # step 1 has no history: its z-scores were logged as NaN
+    assert "stability/loss_zscore" not in logged and "stability/grad_norm_zscore" not in logged
+    assert "stability/loss_spikes" in logged
 
 
 def test_spike_counts_survive_a_checkpoint_round_trip(tmp_path) -> None:
