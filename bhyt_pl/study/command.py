@@ -362,6 +362,17 @@ class Scheduler:
                 yield result
 
 
+def progress_line(done: int, total: int, elapsed: float, reused: int = 0) -> str:
+    """``run k of N`` and the time left, from this invocation's pace (runs reused from a previous one take
+    no time, so they are left out of the pace)."""
+    line = f"study: run {done} of {total} done"
+    fresh = done - reused
+    if done < total and fresh > 0:
+        left = elapsed / fresh * (total - done)
+        line += f"; about {left / 60:.1f} min left" if left >= 60 else f"; about {left:.0f} s left"
+    return line
+
+
 def run_depth_study(
     groups: Sequence[SchemeGroup],
     lrs: Sequence[float],
@@ -482,8 +493,15 @@ def main(argv: list[str] | None = None) -> int:
     results: list[RunResult] = []
     chosen: dict[str, str] = {}
 
+    if args.sweep:
+        planned = len(sweep_specs(groups, budget.depths, budget.lrs, budget.seeds, base))
+    else:
+        planned = sum(len(selection_specs(g, budget.lrs, base)) + budget.seeds - 1 for g in groups)
+
     def record(result: RunResult) -> None:
         results.append(result)
+        elapsed = time.perf_counter() - started
+        log.info(progress_line(len(results), planned, elapsed, len(scheduler.reused)))
         log.info(
             "  %s: %s, train loss %.4f, val loss %.4f, %.0f s",
             result.spec.label,

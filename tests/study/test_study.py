@@ -134,11 +134,15 @@ def test_a_failing_run_is_recorded_and_the_study_continues(tmp_path: Path, monke
 
 
 @pytest.mark.slow
-def test_quick_sweep_grid(tmp_path: Path) -> None:
+def test_quick_sweep_grid(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     out = tmp_path / "sweep"
     argv = ["--sweep", "--quick", "--steps", "2", "--depths", "1", "2", "--lrs", "1e-3", "100", "--seq-len", "32"]
     argv += ["--shuffle-buffer", "4"]
-    assert main([*argv, "--batch-size", "2", "--schemes", "rmsnorm", "--out", str(out)]) == 0
+    with caplog.at_level("INFO", logger="bhyt_pl.study.command"):
+        assert main([*argv, "--batch-size", "2", "--schemes", "rmsnorm", "--out", str(out)]) == 0
+    progress = [r.getMessage() for r in caplog.records if r.getMessage().startswith("study: run ")]
+    assert [m.split(" done")[0] for m in progress] == [f"study: run {k} of 4" for k in (1, 2, 3, 4)]
+    assert all(" left" in m for m in progress[:3]) and " left" not in progress[3]
     runs = _runs(out)
     assert sorted(runs) == [
         "rmsnorm@L1-lr0.001-s0",
@@ -198,6 +202,15 @@ def test_bad_arguments_exit_2_before_any_run(tmp_path: Path, capsys: pytest.Capt
     assert main(["--schemes", "nonorm", "--out", str(tmp_path / "x")]) == 2
     assert "unknown scheme 'nonorm'" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+def test_progress_line_says_run_k_of_n_and_the_time_left() -> None:
+    """``study`` printed nothing between runs (a default study takes about 50 minutes)."""
+    assert command.progress_line(3, 10, 60.0) == "study: run 3 of 10 done; about 2.3 min left"  # 20 s a run, 7 left
+    assert command.progress_line(3, 10, 60.0, reused=1) == "study: run 3 of 10 done; about 3.5 min left"
+    assert command.progress_line(9, 10, 18.0) == "study: run 9 of 10 done; about 2 s left"
+    assert command.progress_line(10, 10, 100.0) == "study: run 10 of 10 done"
+    assert command.progress_line(2, 10, 0.0, reused=2) == "study: run 2 of 10 done"  # no pace yet
 
 
 def test_quick_defaults_are_smaller_than_full() -> None:
