@@ -244,6 +244,8 @@ class BHyTCLI(LightningCLI):
             resumed = _resumed_run_version(cfg.get("ckpt_path")) if self.subcommand == "fit" else None
             if resumed is not None:  # a resume continues its version folder: one run, one TensorBoard curve
                 runs_dir, name, version = resumed
+                if runs_dir == Path(cfg.runs_dir).absolute():
+                    runs_dir = Path(cfg.runs_dir)  # paths printed as for the fresh run (relative stays relative)
                 logger_args = {"save_dir": str(runs_dir), "name": name, "version": version}
             cfg.trainer.logger = {"class_path": "bhyt_pl.runs.RunLogger", "init_args": logger_args}
         if cfg.checkpoint.dirpath is None and cfg.trainer.logger is False:

@@ -120,6 +120,19 @@ def test_the_default_run_name_differs_whenever_the_model_does(tmp_path: Path) ->
     assert Path(main(base, run=False).trainer.logger.log_dir).parent == tmp_path / "tiny-derf"
 
 
+def test_a_resumed_run_prints_its_paths_as_the_fresh_run_did(tmp_path: Path, monkeypatch, caplog) -> None:
+    """With a relative --runs_dir the fresh run printed relative paths and the resumed one absolute paths."""
+    monkeypatch.chdir(tmp_path)
+    args = [a if a != str(tmp_path / "runs") else "runs" for a in fit_args(tmp_path / "runs", 2)]
+    with caplog.at_level("INFO"):
+        main([*args, "--trainer.enable_progress_bar", "false"])
+        main([*args, "--trainer.max_steps", "3", "--ckpt_path", "last", "--trainer.enable_progress_bar",
+              "false"])  # fmt: skip
+    version = Path("runs") / RUN / "version_0"
+    starts = [r.getMessage() for r in caplog.records if "bhyt_pl: logs in" in r.getMessage()]
+    assert starts == [f"bhyt_pl: logs in {version}, checkpoints in {version / 'checkpoints'}"] * 2
+
+
 def test_the_old_checkpoint_layout_is_still_found(trained: Path, tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     legacy = runs / RUN / "checkpoints"
