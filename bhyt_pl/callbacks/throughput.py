@@ -250,9 +250,10 @@ class TokenThroughputMonitor(ThroughputMonitor):
         if self.memory:
             metrics.update(self.memory_metrics(trainer.strategy.root_device))
         self.latest = metrics
-        # against the global step like every other curve: Lightning passes the validation batch counter for
-        # validation, which made validate/* and memory/* zig-zag, and micro-batches under accumulation
-        trainer._logger_connector.log_metrics(metrics, step=trainer.global_step)
+        # against the step Lightning logs ``self.log`` metrics at (``train/loss``, the learning rate, ``val/*``):
+        # the optimizer steps taken before this batch's update. Lightning passes the validation batch counter
+        # for validation (validate/* and memory/* zig-zagged), and the global step is one ahead of train/loss
+        trainer._logger_connector.log_metrics(metrics, step=trainer.fit_loop.epoch_loop._batches_that_stepped)
 
     @staticmethod
     def rename(raw: dict[str, float], prefix: str, world_size: int) -> dict[str, float]:

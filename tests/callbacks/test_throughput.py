@@ -64,8 +64,12 @@ def test_tokens_per_sec_equals_counted_tokens_over_scripted_time(monkeypatch: py
     assert last["train/flops_per_sec"] == pytest.approx(flops_per_batch / SECONDS_PER_BATCH, rel=1e-9)
     assert last["train/mfu"] == pytest.approx(flops_per_batch / SECONDS_PER_BATCH / 2.0e9, rel=1e-9)
     assert last["memory/rss_gib"] > 0.01 and last["memory/peak_rss_gib"] >= last["memory/rss_gib"] * 0.99
-    # no rate before the window of 3 batches is full (steps 1 and 2)
-    assert "train/tokens_per_sec" not in logger.history[1] and "train/tokens_per_sec" in logger.history[3]
+    # no rate before the window of 3 batches is full (batches 1 and 2, logged at steps 0 and 1 as train/loss is)
+    assert "train/tokens_per_sec" not in logger.history[1] and "train/tokens_per_sec" in logger.history[2]
+    # the same steps as train/loss: they were one step ahead of it
+    loss_steps = {step for step, metrics in logger.history.items() if "train/loss" in metrics}
+    rate_steps = {step for step, metrics in logger.history.items() if "train/tokens_per_sec" in metrics}
+    assert loss_steps == set(range(6)) and rate_steps == loss_steps - {0, 1}
     assert trainer.progress_bar_metrics["train/tokens_per_sec"] == pytest.approx(counter.tokens / elapsed)
 
 
@@ -101,7 +105,7 @@ def test_bad_arguments(kwargs: dict, message: str) -> None:
         TokenThroughputMonitor(**kwargs)
 
 
-def test_validation_and_memory_metrics_are_logged_against_the_global_step(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_validation_and_memory_metrics_are_logged_at_the_steps_of_the_loss(monkeypatch: pytest.MonkeyPatch) -> None:
     """They were logged against the validation batch counter (1, 2, 3, 4, 5, 6 over two validations), so
     their curves zig-zagged against every other metric's global step."""
     logger = MemoryLogger()
@@ -113,6 +117,7 @@ def test_validation_and_memory_metrics_are_logged_against_the_global_step(monkey
     trainer.fit(lm, datamodule=TokenDataModule(seq_len=32, batch_size=4))
     history = logger.history.items()
     validate_steps = {step for step, metrics in history if any(k.startswith("validate/") for k in metrics)}
-    assert validate_steps == {2, 4}
+    # at the steps of val/loss (Lightning's counter of optimizer steps before the current one: 1 and 3)
+    assert validate_steps == {step for step, metrics in history if "val/loss" in metrics} == {1, 3}
     memory_steps = {step for step, metrics in history if "memory/rss_gib" in metrics}
-    assert memory_steps <= {1, 2, 3, 4} and {2, 4} <= memory_steps
+    assert memory_steps <= {0, 1, 2, 3} and {1, 3} <= memory_steps
