@@ -28,7 +28,9 @@ Statistics (all per token over the hidden dimension, averaged over the tokens of
   over positions 0-7 and over positions 8 and later. Causal attention averages early queries over few
   keys, so a low ``first8`` against ``rest`` isolates the causal-masking part of the bias.
 
-Scalars are named ``depth/<stat>[/<site>]/layer_<ii>``; figures (TensorBoard only) ``depth/<stat>``.
+The site statistics after ``site_rms`` come from the scheme itself (``BlockNorms.site_statistics``), so a new
+scheme reports its own without an edit here. Scalars are named ``depth/<stat>[/<site>]/layer_<ii>``
+(``bhyt_pl.callbacks.layer_metrics``); figures (TensorBoard only) ``depth/<stat>``.
 """
 
 from __future__ import annotations
