@@ -50,7 +50,6 @@ from bhyt_pl.callbacks import DepthStatsCollector
 from bhyt_pl.callbacks.layer_metrics import layer_key, layer_series, layer_width, split_layer_key
 from bhyt_pl.callbacks.stability import StabilityMonitor
 from bhyt_pl.module import LlamaLM
-from bhyt_pl.norms import build_norm_scheme
 
 __all__ = [
     "TRAJECTORY_STATS",
@@ -444,7 +443,7 @@ def layer_importance(module: LlamaLM, batches: list[dict[str, torch.Tensor]]) ->
 def _variance_bound(spec: RunSpec, module: LlamaLM) -> dict[str, Any] | None:
     """The scheme's ``variance_bound`` diagnostic (BHyT: ``lambda/kappa < 1/sqrt(L)`` at the initial and the
     learned lambdas), None for schemes without one."""
-    scheme = build_norm_scheme(spec.norm, **spec.norm_args)
+    scheme = module.config.norm_scheme()
     blocks = [layer.norms for layer in module.model.layers]
     return scheme.diagnostics(module.config.n_layers, blocks).get("variance_bound")
 
