@@ -254,6 +254,10 @@ class BHyTCLI(LightningCLI):
         if not any(str(getattr(cb, "class_path", "")).endswith("TokenThroughputMonitor") for cb in callbacks):
             # tokens/s in the progress bar by default; a preset (callbacks/throughput.yaml) configures it
             callbacks.append(Namespace(class_path="bhyt_pl.callbacks.TokenThroughputMonitor", init_args=Namespace()))
+        summaries = ("ModelSummary", "RichModelSummary", "RunModelSummary")
+        has_summary = any(str(getattr(cb, "class_path", "")).rsplit(".", 1)[-1] in summaries for cb in callbacks)
+        if cfg.trainer.enable_model_summary is not False and not has_summary:  # training FLOPs, not 0
+            callbacks.append(Namespace(class_path="bhyt_pl.callbacks.summary.RunModelSummary", init_args=Namespace()))
         progress_bars = ("ProgressBar", "TQDMProgressBar", "RichProgressBar", "StepProgressBar")
         has_bar = any(str(getattr(cb, "class_path", "")).rsplit(".", 1)[-1] in progress_bars for cb in callbacks)
         if cfg.trainer.enable_progress_bar is not False and not has_bar:

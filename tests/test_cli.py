@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -334,3 +335,23 @@ def test_saved_configs_naming_the_old_checkpoint_io_module_still_load(tmp_path: 
     assert isinstance(cli.trainer.strategy.checkpoint_io, AtomicCheckpointIO)
     default = main(args, run=False)  # the CLI's own default now names bhyt_pl.checkpoint_io
     assert type(default.trainer.strategy.checkpoint_io) is AtomicCheckpointIO
+
+
+def test_the_model_summary_shows_the_training_flops_of_the_throughput_monitor(tmp_path: Path, caplog) -> None:
+    """It printed ``0 Total Flops`` (Lightning counts FLOPs only through an ``example_input_array``)."""
+    from lightning.pytorch.utilities.model_summary.model_summary import get_human_readable_count
+
+    from bhyt_pl.callbacks.summary import RunModelSummary
+
+    args = ["--config", str(RECIPES / "tiny.yaml"), "--runs_dir", str(tmp_path), "--trainer.max_steps", "1",
+            "--trainer.limit_val_batches", "0", "--data.init_args.seq_len", "16", "--data.init_args.batch_size", "2",
+            "--trainer.enable_progress_bar", "false"]  # fmt: skip
+    cli = main(args, run=False)
+    assert sum(isinstance(cb, RunModelSummary) for cb in cli.trainer.callbacks) == 1
+    with caplog.at_level("INFO"):
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    flops = cli.model.flops_per_batch  # what TokenThroughputMonitor divides by the batch time
+    assert flops > 0
+    line = rf"\n{get_human_readable_count(int(flops))} +Training FLOPs per batch and device"
+    assert re.search(line, caplog.text) and "Total Flops" not in caplog.text, caplog.text[-2000:]
+    assert "| FLOPs" not in caplog.text  # the per-layer column of zeros is gone

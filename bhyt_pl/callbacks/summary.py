@@ -1,0 +1,88 @@
+"""``RunModelSummary``: Lightning's model summary with the training FLOPs the throughput monitor uses.
+
+Lightning's summary counts FLOPs by running ``example_input_array`` through the model, which
+``LlamaLM`` does not set (a forward of a large model at start-up would cost time and memory), so it
+printed ``0 Total Flops``. This one prints the analytic training FLOPs of one device's batch, the
+``flops_per_batch`` behind ``train/flops_per_sec`` and MFU (``bhyt_pl.module.training_flops_per_token``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import ModelSummary
+from lightning.pytorch.utilities.model_summary.model_summary import ModelSummary as Summary
+from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
+from typing_extensions import override
+
+__all__ = ["RunModelSummary", "training_flops_per_batch"]
+
+log = logging.getLogger("lightning.pytorch.callbacks.model_summary")
+"""Lightning's own summary logger: the table goes where it always went."""
+
+
+def training_flops_per_batch(trainer: L.Trainer, pl_module: L.LightningModule) -> float | None:
+    """Training FLOPs (forward + backward) of one device's batch of a ``LlamaLM``: batch size x sequence
+    length x ``training_flops_per_token``; None when the module or the data module does not say."""
+    from bhyt_pl.module import LlamaLM, training_flops_per_token
+
+    data = trainer.datamodule
+    batch_size = getattr(data, "batch_size", None)
+    seq_len = getattr(getattr(pl_module, "hparams", None), "seq_len", None)
+    if not isinstance(pl_module, LlamaLM) or not isinstance(batch_size, int) or not isinstance(seq_len, int):
+        return None
+    return batch_size * seq_len * training_flops_per_token(pl_module.config, seq_len)
+
+
+class _WithFlops(Summary):
+    def __init__(self, model: L.LightningModule, max_depth: int, flops: float) -> None:
+        super().__init__(model, max_depth=max_depth)
+        self._training_flops = flops
+
+    @property
+    @override
+    def total_flops(self) -> int:
+        return int(self._training_flops)
+
+
+class RunModelSummary(ModelSummary):
+    """``ModelSummary`` whose FLOPs line is the training FLOPs of one device's batch (``LlamaLM``);
+    other modules keep Lightning's count and label.
+
+    Example:
+        >>> import lightning as L
+        >>> trainer = L.Trainer(callbacks=[RunModelSummary(max_depth=1)], max_steps=10)
+    """
+
+    _training_flops: bool = False
+
+    @override
+    def _summary(self, trainer: L.Trainer, pl_module: L.LightningModule) -> Any:
+        flops = training_flops_per_batch(trainer, pl_module)
+        self._training_flops = flops is not None
+        if flops is None:
+            return super()._summary(trainer, pl_module)
+        return _WithFlops(pl_module, self._max_depth, flops)
+
+    def summarize(  # an instance method: the parent calls it through ``self``
+        self,
+        summary_data: list[tuple[str, list[str]]],
+        total_parameters: int,
+        trainable_parameters: int,
+        model_size: float,
+        total_training_modes: dict[str, int],
+        total_flops: int,
+        **summarize_kwargs: Any,
+    ) -> None:
+        if not self._training_flops:
+            ModelSummary.summarize(summary_data, total_parameters, trainable_parameters, model_size,
+                                   total_training_modes, total_flops, **summarize_kwargs)  # fmt: skip
+            return
+        columns = [(name, values) for name, values in summary_data if name != "FLOPs"]  # per layer: 0 without input
+        table = _format_summary_table(
+            total_parameters, trainable_parameters, model_size, total_training_modes, total_flops, *columns
+        )
+        label = "Training FLOPs per batch and device (as in train/flops_per_sec)"
+        log.info("\n" + table.replace("Total Flops", label))
