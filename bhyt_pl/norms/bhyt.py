@@ -25,6 +25,7 @@ it into one loop per pass); eager, the extra tanh of its backward costs more tha
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -41,6 +42,7 @@ __all__ = [
     "BHyTBlockNorms",
     "BHyTExactScheme",
     "BHyTScheme",
+    "BHyTSiteFunction",
     "UNBOUND_SEQ_LEN",
     "SiteStats",
     "rational_tanh",
@@ -63,6 +65,10 @@ _TANH_P = (
 )
 _TANH_Q = (4.89352518554385e-03, 2.26843463243900e-03, 1.18534705686654e-04, 1.19825839466702e-06)
 TANH_CLAMP = 7.90531110763549805
+
+SAVE_TANH = False
+"""Whether the eager ``BHyTSiteFunction`` saves its tanh for backward (one more activation-sized
+tensor per site) instead of recomputing it from the saved input (docs/performance.md)."""
 
 UNBOUND_SEQ_LEN = 1024
 """``T`` of a ``bhyt`` scheme whose ``seq_len`` no run has bound: the paper's pretraining length."""
@@ -173,6 +179,161 @@ class _SecondMoment(torch.autograd.Function):
         return (grad * (2.0 / x.shape[-1]) * xf).to(x.dtype)
 
 
+CHUNK_ELEMENTS = 1 << 17
+"""Elements per row block of ``BHyTSiteFunction`` (512 KiB of float32): its temporaries stay in
+cache and are reused; only the output (forward) and the input gradient (backward) are full size."""
+
+
+def _tanh_(z: torch.Tensor, work: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """``tanh`` of ``z`` in place: ``torch.tanh`` for float64, else the rational form in place, with
+    three buffers of ``z``'s shape (ATen's float32 tanh costs about 100 multiplies on this CPU build)."""
+    if z.dtype == torch.float64:
+        return z.tanh_()
+    z2, p, q = work
+    coef = _coefficients(z.dtype, z.device)
+    z.clamp_(-TANH_CLAMP, TANH_CLAMP)
+    torch.mul(z, z, out=z2)
+    torch.addcmul(coef[5], z2, coef[6], out=p)
+    for i in range(4, -1, -1):  # Horner in z^2, one pass per coefficient: p = a_i + p z^2
+        torch.addcmul(coef[i], p, z2, out=p)
+    torch.addcmul(coef[9], z2, coef[10], out=q)
+    for i in (8, 7):
+        torch.addcmul(coef[i], q, z2, out=q)
+    return z.mul_(p).div_(q)
+
+
+@functools.cache
+def _coefficients(dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """``_TANH_P`` then ``_TANH_Q`` as 0-d tensors (the addend of ``addcmul`` is a tensor)."""
+    return tuple(torch.tensor(c, dtype=dtype, device=device) for c in _TANH_P + _TANH_Q)
+
+
+def _blocks(n: int, d: int):
+    """Row ranges of at most ``CHUNK_ELEMENTS`` elements (at least one row)."""
+    rows = max(1, CHUNK_ELEMENTS // d)
+    return ((r, min(r + rows, n)) for r in range(0, n, rows)), min(rows, n)
+
+
+class BHyTSiteFunction(torch.autograd.Function):
+    """One eager BHyT site, ``y = gamma * tanh(lambda * x / D)``, with its statistic inside.
+
+    ``apply(x, mean, spread, lam, weight, eps, kappa, stat, save_tanh)``. With ``spread`` None the
+    site computes exact statistics of ``x`` (site A, BHyT*, the final norm) and returns them too,
+    ``(y, spread)`` for ``rms`` and ``(y, spread, mean)`` for ``meanstd``, so that a later site can use
+    them (site B) and send its gradient back here; given ``spread`` (and ``mean`` for ``meanstd``), it
+    returns ``y`` and gradients for the given statistics.
+
+    Saved: ``x`` in its own dtype, the per-token ``1/D`` and statistics, ``lambda`` and ``gamma``; the
+    tanh is recomputed in backward (``save_tanh`` saves it instead: one more activation-sized tensor,
+    measured slower here, docs/performance.md). Both directions run over row blocks of
+    ``CHUNK_ELEMENTS``, so every intermediate is a reused, cache-sized buffer and the tanh of float32
+    and bfloat16 is ``rational_tanh`` computed in place. Backward, with ``t = tanh(s x)``,
+    ``s = lambda / D``: ``gz = g gamma (1 - t^2)``, ``d gamma = sum_n g t``, ``gs = gz . x`` per
+    token, ``d lambda = sum_n gs / D``, then through ``1/D`` to the statistics and from them to ``x``.
+    """
+
+    @staticmethod
+    def forward(ctx, x, mean, spread, lam, weight, eps: float, kappa: float, stat: str, save_tanh: bool):
+        compute = torch.promote_types(x.dtype, torch.float32)
+        x = x.contiguous()
+        d = x.shape[-1]
+        x2 = x.view(-1, d)
+        exact = spread is None
+        if exact:
+            xf = x2.to(compute)
+            if stat == "rms":  # one read: ||x||^2 / d
+                spread = torch.linalg.vector_norm(xf, dim=-1, keepdim=True).square_().div_(d)
+            else:
+                spread, mean = torch.var_mean(xf, dim=-1, keepdim=True, correction=0)
+            spread = spread.view(*x.shape[:-1], 1)
+            mean = None if mean is None else mean.view(*x.shape[:-1], 1)
+        if stat == "rms":
+            inv = (spread.to(compute) + eps).rsqrt_().div_(kappa)  # 1 / D, [..., 1]
+        else:
+            inv = torch.sqrt(spread.to(compute) + eps).mul_(kappa).add_(mean.to(compute).abs()).reciprocal_()
+        scale = (inv * lam.to(compute)).view(-1, 1)
+        y = torch.empty_like(x)
+        y2 = y.view(-1, d)
+        t_all = torch.empty(x2.shape, dtype=compute, device=x.device) if save_tanh else None
+        blocks, rows = _blocks(x2.shape[0], d)
+        work = [torch.empty(rows, d, dtype=compute, device=x.device) for _ in range(4)]
+        w = weight.to(compute)
+        for r0, r1 in blocks:
+            z = work[0][: r1 - r0] if t_all is None else t_all[r0:r1]
+            t = _tanh_(torch.mul(x2[r0:r1], scale[r0:r1], out=z), [b[: r1 - r0] for b in work[1:]])
+            if y.dtype == compute and t_all is None:
+                torch.mul(t, w, out=y2[r0:r1])
+            else:
+                y2[r0:r1].copy_(torch.mul(t, w, out=work[1][: r1 - r0]))
+        ctx.exact, ctx.stat, ctx.kappa, ctx.eps = exact, stat, kappa, eps
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(x, inv, spread, mean if stat == "meanstd" else None, lam, weight, t_all)
+        if not exact:
+            return y
+        return (y, spread) if stat == "rms" else (y, spread, mean)
+
+    @staticmethod
+    def backward(ctx, grad, *stat_grads):
+        x, inv, spread, mean, lam, weight, t_all = ctx.saved_tensors
+        needs, exact, meanstd = ctx.needs_input_grad, ctx.exact, ctx.stat == "meanstd"
+        compute, d = inv.dtype, x.shape[-1]
+        x2 = x.view(-1, d)
+        n = x2.shape[0]
+        column = lambda v: None if v is None else v.reshape(-1, 1).to(compute)  # noqa: E731
+        inv2 = column(inv)
+        scale = inv2 * lam.to(compute)
+        # d y / d statistic per token, as a multiple of gs = d y / d s: through 1/D
+        if meanstd:  # 1/D = 1 / (kappa sqrt(v + eps) + |mu|)
+            f_spread = (scale * inv2).mul_(-0.5 * ctx.kappa).mul_(torch.rsqrt(column(spread) + ctx.eps))
+            f_mean = (scale * inv2).neg_().mul_(torch.sign(column(mean)))
+        else:  # 1/D = (m + eps)^-1/2 / kappa
+            f_spread, f_mean = (scale * -0.5).div_(column(spread) + ctx.eps), None
+        g_in = [column(g) for g in stat_grads] + [None, None]  # later sites' gradients into these statistics
+        if grad is None:  # only the statistics were used
+            grad = torch.zeros_like(x)
+        g2 = grad.contiguous().view(-1, d)
+        w = weight.to(compute)
+        gs = torch.empty(n, 1, dtype=compute, device=x.device)
+        gw = torch.zeros(d, dtype=compute, device=x.device) if needs[4] else None
+        gx = torch.empty_like(x) if needs[0] else None
+        blocks, rows = _blocks(n, d)
+        work = [torch.empty(rows, d, dtype=compute, device=x.device) for _ in range(7)]
+        for r0, r1 in blocks:
+            k = r1 - r0
+            z, z2, p, q, gz, xb, gb = (b[:k] for b in work)
+            xc = x2[r0:r1] if x.dtype == compute else xb.copy_(x2[r0:r1])
+            gc = g2[r0:r1] if g2.dtype == compute else gb.copy_(g2[r0:r1])
+            t = t_all[r0:r1] if t_all is not None else _tanh_(torch.mul(xc, scale[r0:r1], out=z), (z2, p, q))
+            if gw is not None:
+                gw.add_(torch.mul(gc, t, out=gz).sum(0))
+            torch.ops.aten.tanh_backward.grad_input(torch.mul(gc, w, out=gz), t, grad_input=gz)  # g gamma (1 - t^2)
+            gs_c = gs[r0:r1]
+            torch.linalg.vecdot(gz, xc, out=gs_c.view(-1))
+            if gx is None:
+                continue
+            out = gx.view(-1, d)[r0:r1] if gx.dtype == compute else gb
+            torch.mul(gz, scale[r0:r1], out=out)
+            if exact:  # m = |x|^2 / d (rms); v = |x|^2 / d - mu^2 and mu = sum x / d (meanstd)
+                a = gs_c * f_spread[r0:r1]
+                if g_in[0] is not None:
+                    a.add_(g_in[0][r0:r1])
+                out.addcmul_(xc, a.mul_(2.0 / d))
+                if meanstd:
+                    b = gs_c * f_mean[r0:r1]
+                    if g_in[1] is not None:
+                        b.add_(g_in[1][r0:r1])
+                    out.add_(b.div_(d).sub_(a * column(mean)[r0:r1]))
+            if out is gb:
+                gx.view(-1, d)[r0:r1].copy_(out)
+        g_lam = (gs * inv2).sum().reshape(lam.shape).to(lam.dtype) if needs[3] else None
+        gw = gw.to(weight.dtype) if gw is not None else None
+        if exact:
+            return gx, None, None, g_lam, gw, None, None, None, None
+        g_mean = (gs * f_mean).view(mean.shape).to(mean.dtype) if needs[1] and meanstd else None
+        g_spread = (gs * f_spread).view(spread.shape).to(spread.dtype) if needs[2] else None
+        return gx, g_mean, g_spread, g_lam, gw, None, None, None, None
+
+
 class BHyT(nn.Module):
     """One BHyT site: ``gamma * tanh(lambda * x / D)``.
 
@@ -216,10 +377,26 @@ class BHyT(nn.Module):
             self.lambda_.fill_(self.lambda_init)
 
     def fused(self) -> bool:
-        """Whether this call takes the fused path (``auto``: only while ``torch.compile`` traces)."""
-        if self.impl == "auto":
-            return torch.compiler.is_compiling()
-        return self.impl == "fused"
+        """Whether this call takes a fused path: ``fused`` and ``auto`` always, ``reference`` never."""
+        return self.impl != "reference"
+
+    def eager_function(self) -> bool:
+        """Whether this call runs ``BHyTSiteFunction`` (a fused path outside ``torch.compile``)."""
+        return self.fused() and not torch.compiler.is_compiling()
+
+    def forward_with_stats(self, x: torch.Tensor) -> tuple[torch.Tensor, SiteStats]:
+        """``(site(x), statistics(x))`` with exact statistics: site A, whose statistic site B reuses."""
+        if self.eager_function():
+            out = self._function(x, None)
+            return out[0], SiteStats(out[2] if self.stat == "meanstd" else None, out[1])
+        stats = self.statistics(x)
+        return self(x, stats), stats
+
+    def _function(self, x: torch.Tensor, stats: SiteStats | None):
+        mean, spread = (None, None) if stats is None else stats
+        return BHyTSiteFunction.apply(
+            x, mean, spread, self.lambda_, self.weight, self.eps, self.kappa, self.stat, SAVE_TANH
+        )
 
     def statistics(self, x: torch.Tensor) -> SiteStats:
         """Exact per-token statistics of ``x`` over the hidden dim, at least float32."""
@@ -249,6 +426,9 @@ class BHyT(nn.Module):
         return {"lambda": self.lambda_}
 
     def forward(self, x: torch.Tensor, stats: SiteStats | None = None) -> torch.Tensor:
+        if self.eager_function():
+            out = self._function(x, stats)
+            return out if stats is not None else out[0]
         if not self.fused():
             return (self.weight * torch.tanh(self.preactivation(x, stats))).to(x.dtype)
         if stats is None:
@@ -277,8 +457,7 @@ class BHyTBlockNorms(BlockNorms):
         self.register_buffer("c", torch.zeros((), dtype=torch.float32), persistent=False)
 
     def pre_attn(self, x: torch.Tensor) -> tuple[torch.Tensor, SiteStats]:
-        stats = self.attn_in.statistics(x)  # the block's one reduction (site A)
-        return self.attn_in(x, stats), stats
+        return self.attn_in.forward_with_stats(x)  # the block's one reduction (site A)
 
     def approximate_stats(self, stats: SiteStats) -> SiteStats:
         """Site B's statistic of ``h = x + Attn(u)`` from site A's: ``m + c * sg(lambda_A)^2 / kappa^2``."""
