@@ -289,8 +289,9 @@ class BHyTSiteFunction(torch.autograd.Function):
         else:  # 1/D = (m + eps)^-1/2 / kappa
             f_spread, f_mean = (scale * -0.5).div_(column(spread) + ctx.eps), None
         g_in = [column(g) for g in stat_grads] + [None, None]  # later sites' gradients into these statistics
-        if grad is None:  # only the statistics were used
+        if grad is None:  # only the statistics were used: no gradient to lambda or gamma (undefined, not 0)
             grad = torch.zeros_like(x)
+            needs = (needs[0], needs[1], needs[2], False, False)
         g2 = grad.contiguous().view(-1, d)
         w = weight.to(compute)
         gs = torch.empty(n, 1, dtype=compute, device=x.device)
