@@ -208,9 +208,10 @@ def _coefficients(dtype: torch.dtype, device: torch.device) -> tuple[torch.Tenso
     return tuple(torch.tensor(c, dtype=dtype, device=device) for c in _TANH_P + _TANH_Q)
 
 
-def _blocks(n: int, d: int):
-    """Row ranges of at most ``CHUNK_ELEMENTS`` elements (at least one row)."""
-    rows = max(1, CHUNK_ELEMENTS // d)
+def _blocks(n: int, d: int, device: torch.device):
+    """Row ranges of at most ``CHUNK_ELEMENTS`` elements (at least one row) on CPU; one block elsewhere
+    (a GPU has no such cache to fit, and every block costs kernel launches)."""
+    rows = max(1, CHUNK_ELEMENTS // d) if device.type == "cpu" else max(n, 1)
     return ((r, min(r + rows, n)) for r in range(0, n, rows)), min(rows, n)
 
 
@@ -255,7 +256,7 @@ class BHyTSiteFunction(torch.autograd.Function):
         y = torch.empty_like(x)
         y2 = y.view(-1, d)
         t_all = torch.empty(x2.shape, dtype=compute, device=x.device) if save_tanh else None
-        blocks, rows = _blocks(x2.shape[0], d)
+        blocks, rows = _blocks(x2.shape[0], d, x.device)
         work = [torch.empty(rows, d, dtype=compute, device=x.device) for _ in range(4)]
         w = weight.to(compute)
         for r0, r1 in blocks:
@@ -297,7 +298,7 @@ class BHyTSiteFunction(torch.autograd.Function):
         gs = torch.empty(n, 1, dtype=compute, device=x.device)
         gw = torch.zeros(d, dtype=compute, device=x.device) if needs[4] else None
         gx = torch.empty_like(x) if needs[0] else None
-        blocks, rows = _blocks(n, d)
+        blocks, rows = _blocks(n, d, x.device)
         work = [torch.empty(rows, d, dtype=compute, device=x.device) for _ in range(7)]
         for r0, r1 in blocks:
             k = r1 - r0
