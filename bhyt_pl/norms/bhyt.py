@@ -14,13 +14,16 @@ site B instead: the approximation assumes attention uniform over all ``T`` token
 the moment of ``h`` where the residual stream is still small (the first layers).
 
 Two implementations of a site compute the same function (``impl``): ``reference`` is the formula in
-plain autograd ops (it saves the tanh output for backward); ``fused`` is one autograd Function that
-saves only the site input and the per-token scale and recomputes the tanh in backward, with a
-rational tanh for float32 and narrower (``rational_tanh``, within 1e-6 relative of ``torch.tanh``;
-float64 keeps ``torch.tanh``). On CPU the fused path pays off under ``torch.compile`` (inductor turns
-it into one loop per pass); eager, the extra tanh of its backward costs more than it saves, so
-``auto`` picks ``fused`` while compiling and ``reference`` otherwise (measured by
-``python -m bhyt_pl bench``, docs/performance.md).
+plain autograd ops (it saves the tanh output for backward); ``fused`` (and ``auto``, the default)
+saves only the site input and per-token scalars and recomputes the tanh in backward:
+- eager, ``BHyTSiteFunction``: one autograd Function per site with the statistic inside (site A
+  returns its statistic for site B, whose gradient comes back into site A's backward), run over
+  cache-sized row blocks so that its intermediates are reused buffers, with ``rational_tanh``
+  computed in place (ATen's float32 tanh is about 100x a multiply on this CPU build; float64 keeps
+  ``torch.tanh``). Both pre-norm sites cost about 1.2x RMSNorm's eager Function, against 2.9x for
+  ``reference`` (docs/performance.md).
+- while ``torch.compile`` traces, ``_SiteFunction`` and ``_SecondMoment`` with the rational tanh,
+  which inductor turns into one vectorised loop per pass.
 """
 
 from __future__ import annotations
@@ -193,10 +196,10 @@ def _tanh_(z: torch.Tensor, work: tuple[torch.Tensor, torch.Tensor, torch.Tensor
     coef = _coefficients(z.dtype, z.device)
     z.clamp_(-TANH_CLAMP, TANH_CLAMP)
     torch.mul(z, z, out=z2)
-    torch.addcmul(coef[5], z2, coef[6], out=p)
+    torch.mul(z2, _TANH_P[6], out=p).add_(_TANH_P[5])  # (a 0-d tensor as addcmul's factor is 60x slower)
     for i in range(4, -1, -1):  # Horner in z^2, one pass per coefficient: p = a_i + p z^2
         torch.addcmul(coef[i], p, z2, out=p)
-    torch.addcmul(coef[9], z2, coef[10], out=q)
+    torch.mul(z2, _TANH_Q[3], out=q).add_(_TANH_Q[2])
     for i in (8, 7):
         torch.addcmul(coef[i], q, z2, out=q)
     return z.mul_(p).div_(q)
@@ -346,7 +349,8 @@ class BHyT(nn.Module):
         eps: added to the second moment (or variance) inside the square root.
         learnable_lambda: a parameter if True, else a fixed buffer that never trains.
         stat: ``rms`` or ``meanstd`` (see module docstring).
-        impl: ``reference``, ``fused`` or ``auto`` (fused while compiling, see module docstring).
+        impl: ``reference`` (plain ops), ``fused`` or ``auto`` (the same: ``BHyTSiteFunction`` eager, the
+            traced Functions while compiling; see the module docstring).
     """
 
     def __init__(
@@ -594,7 +598,8 @@ class BHyTScheme(_BHyTSchemeBase):
         seq_len: ``T`` in ``c = ||W_V W_O||_F^2 / (T d)``: the training sequence length, a run fact
             (``run_facts``) that every entry point binds with ``bind(seq_len=...)``; unbound (None), the
             model uses ``UNBOUND_SEQ_LEN`` = 1024, the paper's pretraining length.
-        impl: ``auto`` (fused path while compiling), ``reference`` or ``fused``; same function either way.
+        impl: ``auto`` (= ``fused``: ``BHyTSiteFunction`` eager, fused ops while compiling) or ``reference``
+            (plain ops); same function either way.
         exact_layers: layers whose site B uses exact statistics (a second reduction over ``h``, as
             ``bhyt_exact``) instead of the approximation: None (the released method), an int ``k`` for
             the first ``k`` layers, or a list of 0-based layer indices (stored as a sorted tuple).

@@ -21,7 +21,7 @@ __all__ = ["IMPLS", "RMSNorm", "RMSNormFunction", "RMSNormScheme"]
 IMPLS = ("auto", "reference", "fused")
 """How a norm site computes: ``reference`` (plain ops), ``fused`` (an autograd Function that saves only
 the input and a per-token scale), ``auto`` (whichever the module found faster: RMSNorm fuses in eager
-mode, BHyT under ``torch.compile``). One tuple for every site that has both paths."""
+mode only, BHyT in both modes). One tuple for every site that has both paths."""
 
 
 class RMSNormFunction(torch.autograd.Function):
