@@ -390,14 +390,6 @@ class BHyT(nn.Module):
         """Whether this call runs ``BHyTSiteFunction`` (a fused path outside ``torch.compile``)."""
         return self.fused() and not torch.compiler.is_compiling()
 
-    def forward_with_stats(self, x: torch.Tensor) -> tuple[torch.Tensor, SiteStats]:
-        """``(site(x), statistics(x))`` with exact statistics: site A, whose statistic site B reuses."""
-        if self.eager_function():
-            out = self._function(x, None)
-            return out[0], SiteStats(out[2] if self.stat == "meanstd" else None, out[1])
-        stats = self.statistics(x)
-        return self(x, stats), stats
-
     def _function(self, x: torch.Tensor, stats: SiteStats | None):
         mean, spread = (None, None) if stats is None else stats
         return BHyTSiteFunction.apply(
@@ -431,7 +423,19 @@ class BHyT(nn.Module):
         """``{"lambda": lambda}`` for diagnostics (the ``BoundedSite`` interface)."""
         return {"lambda": self.lambda_}
 
-    def forward(self, x: torch.Tensor, stats: SiteStats | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, stats: SiteStats | None = None, return_stats: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, SiteStats]:
+        """The site's output; with ``return_stats`` (exact statistics only) also ``statistics(x)``, the
+        statistic site B reuses, which the eager Function computes in the same pass."""
+        if return_stats:
+            if stats is not None:
+                raise ValueError("return_stats computes exact statistics; pass stats=None")
+            if self.eager_function():
+                out = self._function(x, None)
+                return out[0], SiteStats(out[2] if self.stat == "meanstd" else None, out[1])
+            stats = self.statistics(x)
+            return self.forward(x, stats), stats
         if self.eager_function():
             out = self._function(x, stats)
             return out if stats is not None else out[0]
@@ -463,7 +467,7 @@ class BHyTBlockNorms(BlockNorms):
         self.register_buffer("c", torch.zeros((), dtype=torch.float32), persistent=False)
 
     def pre_attn(self, x: torch.Tensor) -> tuple[torch.Tensor, SiteStats]:
-        return self.attn_in.forward_with_stats(x)  # the block's one reduction (site A)
+        return self.attn_in(x, return_stats=True)  # the block's one reduction (site A), through the hooks
 
     def approximate_stats(self, stats: SiteStats) -> SiteStats:
         """Site B's statistic of ``h = x + Attn(u)`` from site A's: ``m + c * sg(lambda_A)^2 / kappa^2``."""
