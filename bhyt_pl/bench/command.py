@@ -32,6 +32,9 @@ log = logging.getLogger(__name__)
 PARTS = ("sites", "tanh", "train", "generate", "memory", "step_memory", "prenorm", "train_ratio", "decode")
 DEFAULT_PARTS = PARTS[:6]
 """What a bare ``bench`` runs; ``prenorm``, ``train_ratio`` and ``decode`` are asked for by name."""
+BASELINE = "rmsnorm"
+"""The variant every run includes and the ratios divide by; the transformers and litgpt peers are built from it."""
+
 PEER = "hf_transformers"
 LITGPT = "litgpt"
 """The optional training-step peer (litgpt's ``GPT``), timed when litgpt is installed."""
@@ -109,8 +112,8 @@ def parser() -> argparse.ArgumentParser:
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
     variants = [parse_variant(t) for t in args.schemes]
-    if not any(v.label == "rmsnorm" for v in variants):
-        variants.insert(0, parse_variant("rmsnorm"))
+    if not any(v.label == BASELINE for v in variants):
+        variants.insert(0, parse_variant(BASELINE))
     parts = [p for p in args.parts.split(",") if p]
     unknown = sorted(set(parts) - set(PARTS))
     if unknown:
@@ -276,10 +279,10 @@ def _train(results, variants: list[Variant], settings, device, dtype, sync) -> N
                 step()
                 nbytes = saved_activation_bytes(forward_loss, model.parameters())
                 results.setdefault("memory", {}).setdefault(v.label, {})[f"train_step_{mode}"] = nbytes
-            if settings["peers"] and v.label == "rmsnorm" and not use_compile:
+            if settings["peers"] and v.label == BASELINE and not use_compile:
                 hf = hf_peer(model)
                 steps[PEER], _ = train_step(hf, B, T, model.config.vocab_size, hf=True)
-            if settings["peers"] and v.label == "rmsnorm" and litgpt_available():
+            if settings["peers"] and v.label == BASELINE and litgpt_available():
                 peer = litgpt_peer(model, compile=use_compile)
                 steps[LITGPT], _ = train_step(peer, B, T, model.config.vocab_size)
         if timed:
@@ -309,7 +312,7 @@ def _prenorm(results, variants: list[Variant], settings, device, dtype, sync) ->
             "tokens": settings["site_tokens"],
             "samples_s": samples,
             "median_ms": {n: median(s) * 1e3 for n, s in samples.items()},
-            "time_vs_rmsnorm": {n: paired_ratio(s, samples["rmsnorm"]) for n, s in samples.items()},
+            "time_vs_rmsnorm": {n: paired_ratio(s, samples[BASELINE]) for n, s in samples.items()},
         }
 
 
@@ -328,8 +331,8 @@ def _train_ratio(results, variants: list[Variant], settings, device, dtype, sync
     ratios = {}
     for name, s in samples.items():
         mode, label = name.split("/", 1)
-        if label != "rmsnorm":  # tokens/s ratio = rmsnorm's time / this scheme's time, per repetition
-            ratios[f"{mode}: {label} / rmsnorm tokens/s"] = paired_ratio(samples[f"{mode}/rmsnorm"], s)
+        if label != BASELINE:  # tokens/s ratio = rmsnorm's time / this scheme's time, per repetition
+            ratios[f"{mode}: {label} / rmsnorm tokens/s"] = paired_ratio(samples[f"{mode}/{BASELINE}"], s)
     results["train_ratio"] = {
         "tokens_per_step": B * T,
         "samples_s": samples,
@@ -357,8 +360,8 @@ def _decode(results, variants: list[Variant], settings, device, dtype, sync) -> 
                 generate()  # compiles the decode step
                 sync()
                 compile_s[v.label] = time.perf_counter() - start
-            if v.label == "rmsnorm":
-                _, calls["eager/rmsnorm"] = generation_fns(model, B, P, N, model.config.vocab_size)
+            if v.label == BASELINE:
+                _, calls[f"eager/{BASELINE}"] = generation_fns(model, B, P, N, model.config.vocab_size)
                 if settings["peers"]:
                     hf = hf_peer(model)
                     _, calls[PEER] = generation_fns(hf, B, P, N, model.config.vocab_size, hf=True)
@@ -372,10 +375,10 @@ def _decode(results, variants: list[Variant], settings, device, dtype, sync) -> 
         }
         if PEER in samples:  # speed-up over transformers: its time / ours, per repetition
             entry["vs_transformers"] = {n: paired_ratio(samples[PEER], s) for n, s in samples.items() if n != PEER}
-            profiled = [n for n in ("compiled/rmsnorm", "eager/rmsnorm", PEER) if n in calls]
+            profiled = [n for n in (f"compiled/{BASELINE}", f"eager/{BASELINE}", PEER) if n in calls]
             entry["profile"] = {n: profile_generate(calls[n]) for n in profiled}
-            if "compiled/rmsnorm" in entry["profile"]:
-                floor = entry["profile"]["compiled/rmsnorm"]["matmul_s"]
+            if f"compiled/{BASELINE}" in entry["profile"]:
+                floor = entry["profile"][f"compiled/{BASELINE}"]["matmul_s"]
                 entry["bound_vs_transformers"] = median(samples[PEER]) / floor if floor else None
         results.setdefault("decode", {})[size] = entry
 
@@ -401,7 +404,7 @@ def _generate(results, variants: list[Variant], settings, device, dtype, sync) -
                 generate[v.label]()
                 sync()
                 compile_s[v.label] = time.perf_counter() - start
-            if settings["peers"] and v.label == "rmsnorm" and not use_compile:
+            if settings["peers"] and v.label == BASELINE and not use_compile:
                 hf = hf_peer(model)
                 prefill[PEER], generate[PEER] = generation_fns(hf, B, P, N, model.config.vocab_size, hf=True)
         if not generate:
