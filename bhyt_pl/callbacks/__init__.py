@@ -11,6 +11,7 @@ YAML presets that append each of them to any recipe live in the top-level ``call
 from bhyt_pl.callbacks.blocks import LocatedBlocks, QKProjections, locate_blocks
 from bhyt_pl.callbacks.checkpointing import RunCheckpoint
 from bhyt_pl.callbacks.depth_stats import SITES, DepthStatsCollector, DepthStatsMonitor, depth_figures
+from bhyt_pl.callbacks.loggers import log_figures
 from bhyt_pl.callbacks.norm_refresh import NormConstantRefresh, default_refresh_interval, norm_refresh_callbacks
 from bhyt_pl.callbacks.progress import StepProgressBar
 from bhyt_pl.callbacks.stability import SpikeDetector, StabilityMonitor
@@ -42,6 +43,7 @@ __all__ = [
     "depth_figures",
     "estimated_training_flops_per_token",
     "locate_blocks",
+    "log_figures",
     "norm_refresh_callbacks",
     "peak_flops_for",
 ]
