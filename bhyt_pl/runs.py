@@ -118,39 +118,47 @@ class RunLogger(TensorBoardLogger):
         self._version = version
 
 
-# A logger's setting left at its default -> the run's value: (class, argument, default, value from (runs_dir, name)).
-_LOGGER_DEFAULTS = (
-    ("WandbLogger", "save_dir", ".", lambda runs_dir, name: str(Path(runs_dir) / name)),  # <run>/wandb/
-    ("WandbLogger", "name", None, lambda runs_dir, name: name),
-    ("MLFlowLogger", "save_dir", "./mlruns", lambda runs_dir, name: str(Path(runs_dir) / "mlruns")),
-    ("MLFlowLogger", "run_name", None, lambda runs_dir, name: name),
-    ("CSVLogger", "save_dir", None, lambda runs_dir, name: str(Path(runs_dir) / name)),
-    ("CSVLogger", "name", "lightning_logs", lambda runs_dir, name: "csv"),  # <run>/csv/version_N/metrics.csv
-)
-
-
 def run_loggers(configured: Any, run_logger: dict[str, Any], runs_dir: str, run_name: str) -> list[Any]:
     """The loggers of a run whose recipe sets ``trainer.logger`` (one logger or a list, as parsed by LightningCLI).
 
     The run folder's ``RunLogger`` (TensorBoard, ``config.yaml``, checkpoints, ``--ckpt_path last``) comes
     first unless the recipe has a TensorBoard logger of its own. W&B, MLflow and CSV loggers whose folder and
     run name are left at their defaults write under ``runs_dir`` and carry the run's name: W&B in
-    ``<runs_dir>/<run_name>/wandb/``, MLflow in the file store ``<runs_dir>/mlruns``, CSV in
-    ``<runs_dir>/<run_name>/csv/version_N/``."""
+    ``<runs_dir>/<run_name>/wandb/``, MLflow in the local store ``<runs_dir>/mlflow.db`` with artifacts in
+    ``<runs_dir>/mlartifacts/`` (unless it has a ``tracking_uri``), CSV (``name`` left at ``lightning_logs``)
+    in ``<runs_dir>/<run_name>/csv/version_N/``."""
     loggers = list(configured) if isinstance(configured, (list, tuple)) else [configured]
     for logger in loggers:
-        class_path = str(_get(logger, "class_path") or "")
         init_args = _get(logger, "init_args")
-        if init_args is None:
-            continue
-        for cls, arg, default, value in _LOGGER_DEFAULTS:
-            if class_path.rsplit(".", 1)[-1] == cls and _get(init_args, arg) == default:
-                if cls == "MLFlowLogger" and arg == "save_dir" and _get(init_args, "tracking_uri"):
-                    continue  # a tracking server or store of the user's own
-                _set(init_args, arg, value(runs_dir, run_name))
+        if init_args is not None:
+            _complete_logger(str(_get(logger, "class_path") or "").rsplit(".", 1)[-1], init_args, runs_dir, run_name)
     if not any(_is_tensorboard(_get(logger, "class_path")) for logger in loggers):
         loggers.insert(0, run_logger)
     return loggers
+
+
+def _complete_logger(cls: str, args: Any, runs_dir: str, run_name: str) -> None:
+    """Fill the settings a logger left at its defaults with the run's folder and name."""
+    run_dir = str(Path(runs_dir) / run_name)
+    if cls == "WandbLogger":
+        if _get(args, "save_dir") == ".":
+            _set(args, "save_dir", run_dir)  # <runs_dir>/<run_name>/wandb/
+        if _get(args, "name") is None:
+            _set(args, "name", run_name)
+    elif cls == "MLFlowLogger":
+        if _get(args, "save_dir") == "./mlruns" and not _get(args, "tracking_uri"):
+            # one local store for all runs; MLflow 3 refuses its file store without MLFLOW_ALLOW_FILE_STORE=true
+            root = Path(runs_dir).absolute()
+            root.mkdir(parents=True, exist_ok=True)
+            _set(args, "tracking_uri", f"sqlite:///{root / 'mlflow.db'}")
+            if _get(args, "artifact_location") is None:
+                _set(args, "artifact_location", str(root / "mlartifacts"))
+        if _get(args, "run_name") is None:
+            _set(args, "run_name", run_name)
+    elif cls == "CSVLogger" and _get(args, "name") == "lightning_logs":
+        # save_dir is required by CSVLogger, so a preset gives one; the default name marks it as a placeholder
+        _set(args, "save_dir", run_dir)
+        _set(args, "name", "csv")  # <runs_dir>/<run_name>/csv/version_N/metrics.csv
 
 
 def _get(obj: Any, key: str) -> Any:
