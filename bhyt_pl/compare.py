@@ -136,9 +136,11 @@ def load_event_run(path: str | Path) -> RunData:
         )
         if not layers:
             continue
-        per_layer = [series(tag) for _, tag in layers]
-        last = min(s[-1][0] for s in per_layer)  # the newest step every layer has
-        run.profiles[stat] = (last, [dict(s)[last] for s in per_layer])
+        per_layer = [dict(series(tag)) for _, tag in layers]
+        common = set.intersection(*(set(values) for values in per_layer))
+        if common:  # the newest step every layer has (a run in progress may have written only some layers)
+            last = max(common)
+            run.profiles[stat] = (last, [values[last] for values in per_layer])
     for tag in ("stability/loss_spikes", "stability/grad_norm_spikes"):
         if tag in tags:
             run.scalars[tag] = series(tag)[-1][1]
@@ -201,9 +203,9 @@ def load_runs(paths: Sequence[str | Path], only: Sequence[str] = ()) -> list[Run
 
 # ----------------------------------------------------------------------------- writing
 def _fmt(value: float | None, digits: int = 4) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    if value is None:
         return "-"
-    return f"{value:.{digits}g}"
+    return "nan" if math.isnan(value) else f"{value:.{digits}g}"
 
 
 def markdown_table(runs: Sequence[RunData]) -> str:
