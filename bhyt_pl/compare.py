@@ -9,7 +9,7 @@ A RUN is a run version folder (``runs/tiny-bhyt/version_0``, its TensorBoard eve
 - the last logged depth profile: ``depth/magnitude`` and ``depth/variance`` against layer;
 - the last stability profile: ``stability/grad_norm`` and ``stability/attn_entropy`` against layer.
 
-Beside it (same name, ``.md``) a markdown table of each run's final values: steps, tokens, train and val
+Beside it (same name, ``.md``) a markdown table of each run's final values: last logged step, tokens, train and val
 loss, last-layer magnitude and variance, loss and gradient-norm spike counts; the table is printed too.
 Runs are labelled by their norm and norm arguments (``hparams.yaml``). Runs of different lengths and runs
 still in progress (event files being written) are read as they are: each curve ends where its run is.
@@ -68,10 +68,12 @@ class RunData:
 
 
 # ----------------------------------------------------------------------------- reading
-def norm_label(norm: Any, norm_args: Any) -> str:
-    """``bhyt (lambda_attn=1.0)``: the norm and its arguments, as a run's hparams give them."""
+def norm_label(norm: Any, norm_args: Any, seq_len: Any = None) -> str:
+    """``bhyt (lambda_attn=1.0)``: the norm and its arguments, as a run's hparams give them. BHyT's run fact
+    ``seq_len`` (its T, bound to the training length) is left out when it is the run's ``seq_len``."""
     name = norm if isinstance(norm, str) else str(getattr(norm, "get", lambda k: None)("class_path") or norm)
-    args = ", ".join(f"{k}={v}" for k, v in sorted((norm_args or {}).items()))
+    shown = {k: v for k, v in (norm_args or {}).items() if not (k == "seq_len" and v == seq_len)}
+    args = ", ".join(f"{k}={v}" for k, v in sorted(shown.items()))
     return f"{name} ({args})" if args else name
 
 
@@ -118,7 +120,10 @@ def load_event_run(path: str | Path) -> RunData:
     folder = _event_dir(Path(path))
     hparams_path = folder / "hparams.yaml"
     hparams = yaml.safe_load(hparams_path.read_text()) or {} if hparams_path.is_file() else {}
-    label = norm_label(hparams["norm"], hparams.get("norm_args")) if "norm" in hparams else folder.parent.name
+    if "norm" in hparams:
+        label = norm_label(hparams["norm"], hparams.get("norm_args"), hparams.get("seq_len"))
+    else:
+        label = folder.parent.name
     run = RunData(label=label, source=str(folder), tokens_per_step=_tokens_per_step(folder / "config.yaml"))
     events = EventAccumulator(str(folder), size_guidance={"scalars": 0, "images": 1, "histograms": 1, "tensors": 1})
     events.Reload()  # reads what is flushed so far: a run in progress is read up to its last write
@@ -212,7 +217,7 @@ def markdown_table(runs: Sequence[RunData]) -> str:
     """Final values per run: the last logged value of each quantity (``-`` where the run has none)."""
     header = [
         "run",
-        "steps",
+        "last step",
         "tokens",
         "train loss",
         "val loss",
@@ -244,6 +249,7 @@ def markdown_table(runs: Sequence[RunData]) -> str:
 def compare_figure(runs: Sequence[RunData]) -> Any:
     """The six-panel figure (a plain matplotlib ``Figure``, no pyplot state)."""
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     figure = Figure(figsize=(15, 8.5), dpi=100, layout="constrained")
     axes = figure.subplots(2, 3).ravel()
@@ -272,6 +278,7 @@ def compare_figure(runs: Sequence[RunData]) -> Any:
                 ax.plot(range(len(values)), values, color=color, marker="o", ms=3, label=f"{run.label} (step {step})")
                 drawn = True
         ax.set(title=f"{stat}, last logged step", xlabel="layer", ylabel=ylabel)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         if drawn and log_scale:
             ax.set_yscale("log")
         if not drawn:

@@ -21,7 +21,8 @@ def _write_run(folder: Path, norm: str, norm_args: dict, steps: int, *, val: boo
     10 - s / 2; magnitude at layer l and step s is (l + 1) * s; the global batch is 2 devices x 4 x 16 tokens,
     accumulated twice: 256 tokens a step."""
     folder.mkdir(parents=True)
-    (folder / "hparams.yaml").write_text(yaml.safe_dump({"norm": norm, "norm_args": norm_args, "lr": 1e-3}))
+    hparams = {"norm": norm, "norm_args": norm_args, "lr": 1e-3, "seq_len": 16}
+    (folder / "hparams.yaml").write_text(yaml.safe_dump(hparams))
     config = {
         "trainer": {"devices": 2, "num_nodes": 1, "accumulate_grad_batches": 2},
         "data": {"class_path": "bhyt_pl.data.C4DataModule", "init_args": {"batch_size": 4, "seq_len": 16}},
@@ -52,8 +53,10 @@ def two_runs(tmp_path: Path) -> list[Path]:
     finished = tmp_path / "runs" / "tiny-rmsnorm"
     _write_run(finished / "version_0", "rmsnorm", {}, 4, val=False, stability=False, close=True)  # older version
     _write_run(finished / "version_1", "rmsnorm", {}, 12, val=True, stability=True, close=True)
-    open_run = tmp_path / "runs" / "tiny-bhyt" / "version_0"
-    writer = _write_run(open_run, "bhyt", {"lambda_attn": 1.0}, 6, val=False, stability=False, close=False)
+    open_run = tmp_path / "runs" / "tiny-bhyt" / "version_0"  # seq_len (T) is the run's: not in the label
+    writer = _write_run(
+        open_run, "bhyt", {"lambda_attn": 1.0, "seq_len": 16}, 6, val=False, stability=False, close=False
+    )
     yield [finished, open_run]  # a run folder (newest version) and a version folder still being written
     writer.close()
 
@@ -63,7 +66,7 @@ def test_table_holds_each_runs_final_values(two_runs: list[Path]) -> None:
     assert [r.label for r in runs] == ["rmsnorm", "bhyt (lambda_attn=1.0)"]
     assert runs[0].source.endswith("version_1") and runs[0].tokens_per_step == 256
     table = markdown_table(runs).splitlines()
-    assert table[0].startswith("| run | steps | tokens | train loss | val loss | last-layer magnitude")
+    assert table[0].startswith("| run | last step | tokens | train loss | val loss | last-layer magnitude")
     assert table[2] == "| rmsnorm | 12 | 3,072 | 4 | 5 | 36 | 3.6 | 2 | 0 |"  # 10 - 12/2, 11 - 12/2, 3 x 12
     assert table[3] == "| bhyt (lambda_attn=1.0) | 6 | 1,536 | 7 | - | 18 | 1.8 | - | - |"
 
