@@ -189,7 +189,9 @@ def every_logger_run(tmp_path_factory) -> Path:
         argv += ["--config", preset]
     argv += ["--config", str(job), "--runs_dir", str(tmp / "runs"), "--run_name", "every"]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "MLFLOW_", "PL_", "PYTEST_"))}
-    env.update(WANDB_MODE="offline", WANDB_SILENT="true", HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
+    env.update(
+        WANDB_MODE="offline", WANDB_SILENT="true", HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1"
+    )
     proc = subprocess.run([sys.executable, *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return tmp / "runs"
