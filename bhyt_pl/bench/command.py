@@ -377,8 +377,9 @@ def _decode(results, variants: list[Variant], settings, device, dtype, sync) -> 
             entry["vs_transformers"] = {n: paired_ratio(samples[PEER], s) for n, s in samples.items() if n != PEER}
             profiled = [n for n in (f"compiled/{BASELINE}", f"eager/{BASELINE}", PEER) if n in calls]
             entry["profile"] = {n: profile_generate(calls[n]) for n in profiled}
-            if f"compiled/{BASELINE}" in entry["profile"]:
-                floor = entry["profile"][f"compiled/{BASELINE}"]["matmul_s"]
+            ours = f"compiled/{BASELINE}"
+            if ours in entry["profile"]:  # ours' matmul share of its median call: robust to load between calls
+                floor = entry["profile"][ours]["matmul_fraction"] * median(samples[ours])
                 entry["bound_vs_transformers"] = median(samples[PEER]) / floor if floor else None
         results.setdefault("decode", {})[size] = entry
 

@@ -5,8 +5,9 @@ and transformers at several model sizes, and where the time goes.
 into matrix multiplies (the weights every decoded token must stream), attention (SDPA and its
 kernels) and everything else (Python, dispatch, dynamo's guards, elementwise kernels, sampling), as
 fractions of the call's wall time under the profiler. The matmul time bounds the ratio: a side that
-did nothing but its matrix multiplies would take ``matmul_s``, so ours can be at most
-``t_transformers / matmul_s(ours)`` times faster than transformers.
+did nothing but its matrix multiplies would take its matmul fraction of its median call, so ours can
+be at most ``t_transformers / (matmul_fraction(ours) * t_ours)`` times faster than transformers.
+Inductor lowers SDPA into its own kernels, so compiled attention counts as ``other``.
 """
 
 from __future__ import annotations
