@@ -21,7 +21,7 @@ from torch.utils.checkpoint import checkpoint
 from bhyt_pl.config import LlamaConfig
 from bhyt_pl.init import init_weights
 from bhyt_pl.loss import LossOutput, linear_cross_entropy
-from bhyt_pl.norms import BlockNorms, NormScheme, RMSNorm
+from bhyt_pl.norms import BlockNorms, NormScheme
 
 __all__ = [
     "Attention",
@@ -142,30 +142,46 @@ class KVCache:
 class Attention(nn.Module):
     """Causal grouped-query self-attention through ``scaled_dot_product_attention``.
 
-    With ``config.qk_norm`` the queries and keys pass an RMSNorm over the head dimension (one gain
-    vector of width hd each, shared by the heads) before RoPE, as in OLMo-2, Qwen3 and Gemma 3;
-    otherwise ``q_norm``/``k_norm`` are identities without parameters.
+    The norm scheme decides what happens inside (``NormScheme.attention_norms``): the query, key and
+    value norms ``q_norm``/``k_norm``/``v_norm`` (identities without parameters where there are none),
+    whether they act per head after the split or on the whole projection before it, and the softmax
+    scale. By default ``config.qk_norm`` picks them: per-head RMSNorms of q and k (``"head"``, Qwen3,
+    Gemma 3) or full-width ones (``"full"``, OLMo 2), before RoPE.
     """
 
-    def __init__(self, config: LlamaConfig, layer_idx: int) -> None:
+    def __init__(self, config: LlamaConfig, layer_idx: int, scheme: NormScheme | None = None) -> None:
         super().__init__()
+        scheme = scheme if scheme is not None else config.norm_scheme()
         self.layer_idx = layer_idx
         self.n_head, self.n_kv_head, self.head_dim = config.n_heads, config.n_kv_heads, config.head_dim
         self.q_proj = nn.Linear(config.dim, self.n_head * self.head_dim, bias=False)
         self.k_proj = nn.Linear(config.dim, self.n_kv_head * self.head_dim, bias=False)
         self.v_proj = nn.Linear(config.dim, self.n_kv_head * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.n_head * self.head_dim, config.dim, bias=False)
-        qk = config.qk_norm
-        self.q_norm = RMSNorm(self.head_dim, config.qk_norm_eps) if qk else nn.Identity()
-        self.k_norm = RMSNorm(self.head_dim, config.qk_norm_eps) if qk else nn.Identity()
+        norms = scheme.attention_norms(
+            self.n_head, self.n_kv_head, self.head_dim, config.qk_norm_layout, config.qk_norm_eps
+        )
+        self.q_norm, self.k_norm, self.v_norm = norms.q, norms.k, norms.v
+        self.norm_per_head = norms.layout == "head"
+        """Whether the q/k/v norms act on each head [..., hd] (else on the whole projection)."""
+        self.softmax_scale = norms.scale(self.head_dim)
+        """The score scale the softmax sees; every consumer (the attention entropy) reads it here."""
+        self._sdpa_scale = norms.softmax_scale  # None: the kernel's own 1/sqrt(hd), bit for bit as before
+
+    def _project(self, x: torch.Tensor, proj: nn.Linear, norm: nn.Module, heads: int) -> torch.Tensor:
+        """``norm``-ed projection of ``x`` [B, T, d] split into heads [B, heads, T, hd]."""
+        B, T, _ = x.shape
+        y = proj(x)
+        if not self.norm_per_head:
+            y = norm(y)  # over the whole projection, before the head split
+        y = y.view(B, T, heads, self.head_dim).transpose(1, 2)
+        return norm(y) if self.norm_per_head else y
 
     def qk(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotated queries [B, H, T, hd] and keys [B, K, T, hd] of ``x`` [B, T, d], exactly as ``forward``
         computes them (StabilityMonitor recomputes them from here for the attention entropy)."""
-        B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # [B, H, T, hd]
-        k = self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # [B, K, T, hd]
-        q, k = self.q_norm(q), self.k_norm(k)  # QK-norm over hd, before RoPE (identities when off)
+        q = self._project(x, self.q_proj, self.q_norm, self.n_head)  # [B, H, T, hd]
+        k = self._project(x, self.k_proj, self.k_norm, self.n_kv_head)  # [B, K, T, hd]
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
     def forward(
@@ -178,13 +194,13 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         B, T, _ = x.shape
         q, k = self.qk(x, cos, sin)  # [B, H, T, hd], [B, K, T, hd]
-        v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # [B, K, T, hd]
+        v = self._project(x, self.v_proj, self.v_norm, self.n_kv_head)  # [B, K, T, hd]
         mask, causal = None, True
         if cache is not None:
             k, v = cache.update(self.layer_idx, start_pos, k, v)  # [B, K, S, hd]
             mask, causal = cache.attention_mask(start_pos, T, x.device)
         y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=self.n_head != self.n_kv_head
+            q, k, v, attn_mask=mask, is_causal=causal, scale=self._sdpa_scale, enable_gqa=self.n_head != self.n_kv_head
         )  # [B, H, T, hd]
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
 
@@ -210,7 +226,7 @@ class Block(nn.Module):
     def __init__(self, config: LlamaConfig, layer_idx: int, scheme: NormScheme) -> None:
         super().__init__()
         self.layer_idx = layer_idx
-        self.attn = Attention(config, layer_idx)
+        self.attn = Attention(config, layer_idx, scheme)
         self.mlp = MLP(config)
         self.norms: BlockNorms = scheme.block_norms(config.dim, layer_idx, config.n_layers)
 
@@ -224,9 +240,10 @@ class Block(nn.Module):
     ) -> torch.Tensor:
         # x: [B, T, d]; residual adds are out of place (FSDP2 and autograd friendly)
         u, ctx = self.norms.pre_attn(x)  # site A
-        h = self.norms.attn_residual(x + self.norms.post_attn(self.attn(u, cos, sin, cache, start_pos)))
+        a = self.norms.post_attn(self.attn(u, cos, sin, cache, start_pos))
+        h = self.norms.attn_residual(self.norms.attn_update(x, a))
         v = self.norms.pre_mlp(h, ctx)  # site B, may reuse site A's statistic
-        return self.norms.mlp_residual(h + self.norms.post_mlp(self.mlp(v)))
+        return self.norms.mlp_residual(self.norms.mlp_update(h, self.norms.post_mlp(self.mlp(v))))
 
     def refresh_norm_constants(self) -> None:
         self.norms.refresh_constants(self.attn)

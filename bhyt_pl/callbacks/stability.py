@@ -413,7 +413,7 @@ class StabilityMonitor(L.Callback):
             return
         u, _ = norms.pre_attn(x)  # the attention input, as the block computed it
         q, k = attn.qk(u, cos, sin)  # [B, H, T, hd], [B, K, T, hd]
-        entropy = causal_attention_entropy(q, k)  # [B, H, T]
+        entropy = causal_attention_entropy(q, k, getattr(attn, "softmax_scale", None))  # [B, H, T], the actual scale
         self._add(f"attn_entropy/{layer}", entropy.sum(), entropy.numel())
         T = entropy.shape[-1]
         if T > 1:

@@ -1,11 +1,13 @@
 """Normalization schemes: an open registry of per-block norms (docs/method.md, sections 2-4).
 
 Importing this package registers the built-in schemes: ``rmsnorm``, ``layernorm``, ``dyt``,
-``bhyt``, ``bhyt_exact``, ``peri_ln``, ``lns``, ``derf``, ``dyisru``, ``seednorm``, ``post_ln`` and
-``mix_ln``. Add your own with ``@register_norm``.
+``bhyt``, ``bhyt_exact``, ``peri_ln``, ``lns``, ``derf``, ``dyisru``, ``seednorm``, ``post_ln``,
+``mix_ln``, ``reordered`` (OLMo 2), ``hybridnorm``, ``ssnorm`` and ``gpas``. Add your own with ``@register_norm``.
 """
 
 from bhyt_pl.norms.base import (
+    QK_NORMS,
+    AttentionNorms,
     BlockNorms,
     BoundedSite,
     NormScheme,
@@ -26,15 +28,21 @@ from bhyt_pl.norms.bhyt import (
 from bhyt_pl.norms.derf import Derf, DerfScheme
 from bhyt_pl.norms.dyisru import DyISRU, DyISRUScheme
 from bhyt_pl.norms.dyt import DyT, DyTScheme, EmbeddingScale
+from bhyt_pl.norms.gpas import GPASBlockNorms, GPASScheme
+from bhyt_pl.norms.hybridnorm import HybridNormScheme
 from bhyt_pl.norms.layernorm import LayerNorm, LayerNormScheme
 from bhyt_pl.norms.lns import LNSScheme
 from bhyt_pl.norms.mix_ln import MixLNScheme
 from bhyt_pl.norms.peri_ln import PeriLNScheme
 from bhyt_pl.norms.post_ln import PostLNScheme
+from bhyt_pl.norms.reordered import ReorderedNormScheme
 from bhyt_pl.norms.rmsnorm import RMSNorm, RMSNormScheme
 from bhyt_pl.norms.seednorm import SeeDNorm, SeeDNormScheme
+from bhyt_pl.norms.ssnorm import SSNorm, SSNormScheme
 
 __all__ = [
+    "QK_NORMS",
+    "AttentionNorms",
     "BHyT",
     "BHyTBlockNorms",
     "BHyTExactScheme",
@@ -48,6 +56,9 @@ __all__ = [
     "DyT",
     "DyTScheme",
     "EmbeddingScale",
+    "GPASBlockNorms",
+    "GPASScheme",
+    "HybridNormScheme",
     "LNSScheme",
     "LayerNorm",
     "LayerNormScheme",
@@ -56,9 +67,12 @@ __all__ = [
     "PeriLNScheme",
     "PostLNScheme",
     "RMSNorm",
+    "ReorderedNormScheme",
     "RMSNormScheme",
     "SeeDNorm",
     "SeeDNormScheme",
+    "SSNorm",
+    "SSNormScheme",
     "SiteStats",
     "build_norm_scheme",
     "register_norm",
