@@ -112,6 +112,8 @@ def _variants() -> list:
     qk = pytest.mark.skipif("qk_norm" not in fields, reason="no QK-norm option in this checkout")
     cases.append(pytest.param("rmsnorm", {}, {"qk_norm": True}, id="rmsnorm-qk_norm", marks=qk))
     cases.append(pytest.param("bhyt", {}, {"qk_norm": True}, id="bhyt-qk_norm", marks=qk))
+    cases.append(pytest.param("reordered", {}, {"qk_norm": "full"}, id="olmo2-reordered-qk_full", marks=qk))
+    cases.append(pytest.param("hybridnorm", {"star": True}, {}, id="hybridnorm-star"))
     exact = pytest.mark.skipif(
         "exact_layers" not in base.build_norm_scheme("bhyt").hparams(), reason="no BHyT exact_layers in this checkout"
     )

@@ -186,7 +186,7 @@ def test_every_norm_scheme_trains_under_fsdp2(tmp_path) -> None:
     job = ROOT / "tests" / "distributed_jobs" / "fsdp2_schemes.py"
     run(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(job), str(tmp_path)])
     results = torch.load(tmp_path / "fsdp2_schemes.pt")
-    assert set(results) == {*registered_norms(), "mix_ln+qk_norm"}
+    assert set(results) == {*registered_norms(), "mix_ln+qk_norm", "reordered+qk_full", "hybridnorm+star"}
     for norm, r in results.items():
         torch.testing.assert_close(r["sharded_losses"], r["single_losses"], atol=1e-5, rtol=1e-5, msg=norm)
         for rank_c in r["sharded_c"]:

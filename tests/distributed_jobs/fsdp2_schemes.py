@@ -1,4 +1,5 @@
-"""torchrun job (2 ranks, gloo, CPU): every registered norm scheme (plus Mix-LN with QK-norm) sharded
+"""torchrun job (2 ranks, gloo, CPU): every registered norm scheme (plus Mix-LN with per-head QK-norm, OLMo 2's
+reordered norm with full-width QK-norm and HybridNorm*) sharded
 with FSDP2 (fully_shard per block, then the root) trains three steps on a global batch split over the
 ranks, and must match the same model trained in one process on the whole batch: losses, and BHyT's
 refreshed constant c on every rank.
@@ -21,7 +22,10 @@ from torch.distributed.fsdp import fully_shard
 from bhyt_pl import Llama, LlamaConfig, parameter_groups, registered_norms
 
 QK_NORM = "mix_ln+qk_norm"
-SCHEMES = [*registered_norms(), QK_NORM]
+QK_FULL = "reordered+qk_full"
+STAR = "hybridnorm+star"
+SCHEMES = [*registered_norms(), QK_NORM, QK_FULL, STAR]
+NORM_ARGS = {"bhyt": {"seq_len": 16}, "mix_ln": {"alpha": 0.5}, STAR: {"star": True}}
 
 
 def train(model, batches, steps=3):
@@ -45,7 +49,7 @@ def main(out_dir: str) -> None:
     batches = [torch.randint(0, 64, (4, 17), generator=g) for _ in range(3)]
     results = {}
     for label in SCHEMES:
-        norm = label.removesuffix("+qk_norm")
+        norm = label.split("+")[0]
         torch.manual_seed(1)
         config = LlamaConfig(
             vocab_size=64,
@@ -55,8 +59,8 @@ def main(out_dir: str) -> None:
             n_kv_heads=2,
             mlp_dim=48,
             norm=norm,
-            norm_args={"seq_len": 16} if norm == "bhyt" else {"alpha": 0.5} if norm == "mix_ln" else {},
-            qk_norm=label == QK_NORM,
+            norm_args=NORM_ARGS.get(label, NORM_ARGS.get(norm, {})),
+            qk_norm="head" if label == QK_NORM else "full" if label == QK_FULL else False,
         )
         single = Llama(config)
         sharded = copy.deepcopy(single)
