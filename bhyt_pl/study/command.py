@@ -63,7 +63,8 @@ DEFAULT_SCHEMES = (
 """``rmsnorm`` is the reference; DyT over an alpha grid (its width-dependent alpha is untuned here); BHyT
 at lambda_attn 2 (released default) and 1 (the paper's text); BHyT with exact statistics in the first 4
 layers (the approximation ablation); BHyT* (exact everywhere). Any other registered scheme (``derf``,
-``dyisru``, ``seednorm``, ``post_ln``, ``mix_ln``, your own) runs with ``--schemes``."""
+``dyisru``, ``seednorm``, ``post_ln``, ``mix_ln``, ``reordered``, ``hybridnorm``, ``ssnorm``, ``gpas``, your own)
+runs with ``--schemes``."""
 
 REMOVED_FLAGS = {
     "--seed": "--seeds N (N seeds: 42, 43, ...; each seeds the initialisation and the data order)",

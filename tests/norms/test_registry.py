@@ -16,13 +16,17 @@ BUILTIN = [
     "derf",
     "dyisru",
     "dyt",
+    "gpas",
+    "hybridnorm",
     "layernorm",
     "lns",
     "mix_ln",
     "peri_ln",
     "post_ln",
+    "reordered",
     "rmsnorm",
     "seednorm",
+    "ssnorm",
 ]
 
 
@@ -56,6 +60,10 @@ def test_unknown_name_lists_registered() -> None:
         ("seednorm", {"eps": -1.0}, r"invalid 'seednorm' norm configuration:\n  - eps must be > 0"),
         ("post_ln", {"eps": 0.0}, r"invalid 'post_ln' norm configuration:\n  - eps must be > 0"),
         ("mix_ln", {"alpha": 1.5}, r"alpha must be in \[0, 1\], got 1.5"),
+        ("reordered", {"eps": 0.0}, r"invalid 'reordered' norm configuration:\n  - eps must be > 0"),
+        ("hybridnorm", {"eps": -1.0}, r"invalid 'hybridnorm' norm configuration:\n  - eps must be > 0"),
+        ("ssnorm", {"eps": 0.0}, r"invalid 'ssnorm' norm configuration:\n  - eps must be > 0"),
+        ("gpas", {"eps": 0.0}, r"invalid 'gpas' norm configuration:\n  - eps must be > 0"),
     ],
 )
 def test_bad_values_name_the_field(name: str, kwargs: dict, message: str) -> None:
