@@ -116,6 +116,12 @@ class LlamaConfig:
             )
         raise_if_problems("LlamaConfig", problems)
         scheme = self.norm_scheme()  # unknown names and bad norm arguments fail here, before any work
+        wrong = {k: v for k, v in scheme.model_settings.items() if getattr(self, k) != v}
+        if wrong:
+            raise ValueError(
+                f"invalid LlamaConfig: norm {self.norm!r} needs "
+                + ", ".join(f"{k}={v!r} (got {getattr(self, k)!r})" for k, v in wrong.items())
+            )
         if scheme.owns_attention_norms and self.qk_norm:
             raise ValueError(
                 f"invalid LlamaConfig: norm {self.norm!r} sets its own attention norms; qk_norm must be false, "
@@ -169,7 +175,12 @@ class LlamaConfig:
         unknown = set(overrides) - set(fields)
         if unknown:
             raise ValueError(f"unknown LlamaConfig field(s) {sorted(unknown)}; fields: {', '.join(fields)}")
-        return cls(**{**PRESETS[name], "name": name, **overrides})
+        from bhyt_pl.norms import build_norm_scheme
+
+        preset = PRESETS[name]
+        norm = overrides.get("norm", preset.get("norm", "rmsnorm"))
+        settings = build_norm_scheme(norm, **overrides.get("norm_args", {})).model_settings  # nGPT: untied
+        return cls(**{**preset, "name": name, **settings, **overrides})
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

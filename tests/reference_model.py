@@ -55,6 +55,39 @@ def attention_ref(
     return y.transpose(1, 2).reshape(B, T, H * hd) @ W(attn.o_proj).T
 
 
+def l2(v: torch.Tensor) -> torch.Tensor:
+    return v / v.norm(dim=-1, keepdim=True)
+
+
+def ngpt_attention_ref(u: torch.Tensor, attn, theta: float) -> torch.Tensor:
+    """nGPT attention: q, k L2-normalised over the whole projection, times ``s * sqrt(d)``, then split and
+    rotated; softmax scale ``sqrt(hd)``."""
+    W = lambda lin: lin.weight.detach().double()  # noqa: E731
+    B, T, d = u.shape
+    H, K, hd = attn.n_head, attn.n_kv_head, attn.head_dim
+    q = l2(u @ W(attn.q_proj).T) * _p(attn.sq) * math.sqrt(d)
+    k = l2(u @ W(attn.k_proj).T) * _p(attn.sk) * math.sqrt(d)
+    v = u @ W(attn.v_proj).T
+    q, k = q.view(B, T, H, hd).transpose(1, 2), k.view(B, T, K, hd).transpose(1, 2)
+    v = v.view(B, T, K, hd).transpose(1, 2)
+    q, k = rope_ref(q, theta), rope_ref(k, theta)
+    group = H // K
+    k = torch.stack([k[:, h // group] for h in range(H)], dim=1)
+    v = torch.stack([v[:, h // group] for h in range(H)], dim=1)
+    scores = q @ k.transpose(-1, -2) * math.sqrt(hd)
+    scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    y = torch.softmax(scores, dim=-1) @ v
+    return y.transpose(1, 2).reshape(B, T, H * hd) @ W(attn.o_proj).T
+
+
+def ngpt_mlp_ref(h: torch.Tensor, mlp) -> torch.Tensor:
+    """``down((up(h) * s_up) * silu(gate(h) * s_gate * sqrt(d)))``."""
+    W = lambda lin: lin.weight.detach().double()  # noqa: E731
+    d = h.shape[-1]
+    g = (h @ W(mlp.gate_proj).T) * _p(mlp.s_gate) * math.sqrt(d)
+    return ((h @ W(mlp.up_proj).T) * _p(mlp.s_up) * (g * torch.sigmoid(g))) @ W(mlp.down_proj).T
+
+
 def mlp_ref(v: torch.Tensor, mlp) -> torch.Tensor:
     W = lambda lin: lin.weight.detach().double()  # noqa: E731
     g = v @ W(mlp.gate_proj).T
@@ -216,13 +249,19 @@ def model_ref(model, idx: torch.Tensor, norm: str, args: dict) -> torch.Tensor:
             h = h - shrink * h
             x = h + mlp_ref(rms(h, n.mlp_in.weight, eps), mlp)
             x = x - shrink * x
+        elif norm == "ngpt":  # h = L2(x + a_A (L2(Attn(x)) - x)), a = |alpha * 0.05 * sqrt(d)|
+            d = x.shape[-1]
+            a_attn = (_p(n.alpha_attn) * 0.05 * math.sqrt(d)).abs()
+            a_mlp = (_p(n.alpha_mlp) * 0.05 * math.sqrt(d)).abs()
+            h = l2(x + a_attn * (l2(ngpt_attention_ref(x, attn, theta)) - x))
+            x = l2(h + a_mlp * (l2(ngpt_mlp_ref(h, mlp)) - h))
         else:
             raise ValueError(norm)
     f = model.final_norm
     if norm == "layernorm":
         x = layernorm(x, f.weight, 1e-5)
-    elif norm == "post_ln":
-        pass  # no final norm: the last block ends in one
+    elif norm in ("post_ln", "ngpt"):
+        pass  # no final norm: the last block ends in one (nGPT: on the unit sphere)
     elif norm == "derf":
         x = derf_site(x, f)
     elif norm == "dyisru":
@@ -240,4 +279,7 @@ def model_ref(model, idx: torch.Tensor, norm: str, args: dict) -> torch.Tensor:
     else:
         x = rms(x, f.weight, 1e-5)
     head = model.embed.weight if model.lm_head is None else model.lm_head.weight
-    return x @ _p(head).T
+    logits = x @ _p(head).T
+    if norm == "ngpt":  # times s_z * sqrt(d)
+        logits = logits * _p(model.s_z) * math.sqrt(x.shape[-1])
+    return logits

@@ -2,7 +2,8 @@
 
 Importing this package registers the built-in schemes: ``rmsnorm``, ``layernorm``, ``dyt``,
 ``bhyt``, ``bhyt_exact``, ``peri_ln``, ``lns``, ``derf``, ``dyisru``, ``seednorm``, ``post_ln``,
-``mix_ln``, ``reordered`` (OLMo 2), ``hybridnorm``, ``ssnorm`` and ``gpas``. Add your own with ``@register_norm``.
+``mix_ln``, ``reordered`` (OLMo 2), ``hybridnorm``, ``ssnorm``, ``gpas`` and ``ngpt``. Add your own
+with ``@register_norm``.
 """
 
 from bhyt_pl.norms.base import (
@@ -10,7 +11,9 @@ from bhyt_pl.norms.base import (
     AttentionNorms,
     BlockNorms,
     BoundedSite,
+    MLPScales,
     NormScheme,
+    Scale,
     build_norm_scheme,
     register_norm,
     registered_norms,
@@ -33,6 +36,7 @@ from bhyt_pl.norms.hybridnorm import HybridNormScheme
 from bhyt_pl.norms.layernorm import LayerNorm, LayerNormScheme
 from bhyt_pl.norms.lns import LNSScheme
 from bhyt_pl.norms.mix_ln import MixLNScheme
+from bhyt_pl.norms.ngpt import L2Norm, NGPTBlockNorms, NGPTScheme
 from bhyt_pl.norms.peri_ln import PeriLNScheme
 from bhyt_pl.norms.post_ln import PostLNScheme
 from bhyt_pl.norms.reordered import ReorderedNormScheme
@@ -59,10 +63,14 @@ __all__ = [
     "GPASBlockNorms",
     "GPASScheme",
     "HybridNormScheme",
+    "L2Norm",
     "LNSScheme",
     "LayerNorm",
     "LayerNormScheme",
+    "MLPScales",
     "MixLNScheme",
+    "NGPTBlockNorms",
+    "NGPTScheme",
     "NormScheme",
     "PeriLNScheme",
     "PostLNScheme",
@@ -73,6 +81,7 @@ __all__ = [
     "SeeDNormScheme",
     "SSNorm",
     "SSNormScheme",
+    "Scale",
     "SiteStats",
     "build_norm_scheme",
     "register_norm",

@@ -26,6 +26,8 @@ __all__ = [
     "RUN_FACTS",
     "AttentionNorms",
     "BlockNorms",
+    "MLPScales",
+    "Scale",
     "BoundedSite",
     "NormScheme",
     "build_norm_scheme",
@@ -241,6 +243,29 @@ class BlockNorms(nn.Module):
                 site.reset_parameters()
 
 
+@dataclass(frozen=True)
+class Scale:
+    """A learnable per-channel multiplier a scheme adds to a projection or to the logits (nGPT's ``s_q``).
+
+    The owning module stores ``name`` (a ``[width]`` parameter initialised to ``init``) and multiplies by
+    ``stored * factor``: the stored value and its learning rate stay small while the effective scale is
+    ``init * factor`` at the start.
+    """
+
+    name: str
+    width: int
+    init: float
+    factor: float = 1.0
+
+
+@dataclass
+class MLPScales:
+    """Scales of the SwiGLU's two input projections: ``down((up(h) * s_up) * silu(gate(h) * s_gate))``."""
+
+    up: Scale | None = None
+    gate: Scale | None = None
+
+
 @dataclass
 class AttentionNorms:
     """What a scheme puts inside one attention layer.
@@ -257,10 +282,16 @@ class AttentionNorms:
     v: nn.Module
     layout: str = "head"
     softmax_scale: float | None = None
+    q_scale: Scale | None = None
+    """Multiplies the normalised query projection [..., H * hd] before the head split (``layout="full"``)."""
+    k_scale: Scale | None = None
+    """Multiplies the normalised key projection [..., K * hd] before the head split (``layout="full"``)."""
 
     def __post_init__(self) -> None:
         if self.layout not in QK_NORMS:
             raise ValueError(f"AttentionNorms.layout must be one of {', '.join(QK_NORMS)}; got {self.layout!r}")
+        if (self.q_scale or self.k_scale) and self.layout != "full":
+            raise ValueError("AttentionNorms: q_scale and k_scale act on the whole projection; they need layout='full'")
 
     def scale(self, head_dim: int) -> float:
         """The score scale the attention actually applies."""
@@ -320,12 +351,36 @@ class NormScheme:
         """Applied to the token embeddings before the first block (identity by default)."""
         return nn.Identity()
 
+    model_settings: ClassVar[dict[str, Any]] = {}
+    """``LlamaConfig`` fields the scheme needs (nGPT: ``{"tie_embeddings": False}``): ``LlamaConfig.from_name``
+    applies them over the preset (below the caller's overrides) and a config that contradicts one is refused."""
+    training_defaults: ClassVar[dict[str, Any]] = {}
+    """Optimisation the scheme's recipe uses (nGPT: no weight decay, no warmup), by ``LlamaLM`` argument name;
+    ``fit``, ``study`` and ``bench`` apply them where the user sets nothing and say so in the log."""
+
+    def mlp_scales(self, dim: int, mlp_dim: int) -> MLPScales:
+        """Scales of the MLP's input projections (none by default: the plain SwiGLU)."""
+        return MLPScales()
+
+    def logit_scale(self, dim: int, vocab_size: int) -> Scale | None:
+        """A scale of the logits, applied by ``Llama.output`` and by the chunked loss alike (None by default)."""
+        return None
+
+    def constrain_weights(self, matrices: list[tuple[torch.Tensor, int]]) -> None:
+        """Project weights back onto the scheme's constraint set, in place, under ``torch.no_grad``.
+
+        ``matrices`` is every weight matrix of the model with the dimension that runs along the model width
+        ``d`` (``Llama.width_matrices``); the model calls this after initialisation, after loading weights and
+        after every optimizer step. A no-op by default. Weights may be FSDP2 ``DTensor`` shards: reductions
+        over a sharded dimension must go through DTensor ops (which reduce across ranks), not local tensors.
+        """
+
     owns_attention_norms: ClassVar[bool] = False
     """True when the scheme sets the q/k/v norms itself (``attention_norms`` ignores ``qk_norm``); the
     config then refuses any ``qk_norm`` setting instead of silently dropping it."""
 
     def attention_norms(
-        self, n_heads: int, n_kv_heads: int, head_dim: int, qk_norm: str | None, qk_norm_eps: float
+        self, dim: int, n_heads: int, n_kv_heads: int, head_dim: int, qk_norm: str | None, qk_norm_eps: float
     ) -> AttentionNorms:
         """The norms inside one attention layer. By default ``LlamaConfig.qk_norm`` decides: none,
         per-head RMSNorms (``"head"``, gains ``[hd]``) or OLMo 2's full-width ones (``"full"``)."""

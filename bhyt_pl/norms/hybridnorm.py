@@ -38,7 +38,7 @@ class HybridNormScheme(NormScheme):
         return BlockNorms(attn_in=nn.Identity(), mlp_in=nn.Identity(), attn_res=RMSNorm(dim, self.eps))
 
     def attention_norms(
-        self, n_heads: int, n_kv_heads: int, head_dim: int, qk_norm: str | None, qk_norm_eps: float
+        self, dim: int, n_heads: int, n_kv_heads: int, head_dim: int, qk_norm: str | None, qk_norm_eps: float
     ) -> AttentionNorms:
         q, k, v = (RMSNorm(head_dim, self.eps) for _ in range(3))
         return AttentionNorms(q, k, v, layout="head")

@@ -42,6 +42,7 @@ CASES = [
     ("ssnorm", {"eps": 1e-3}),
     ("gpas", {}),
     ("gpas", {"eps": 1e-3}),
+    ("ngpt", {}),
 ]
 
 
