@@ -127,6 +127,7 @@ def _perturbed(model: Llama, scale: float = 0.1) -> Llama:
     with torch.no_grad():
         for p in model.parameters():
             p.add_(scale * torch.randn(p.shape, generator=g) * p.abs().mean().clamp_min(0.1))
+    model.constrain_weights()  # a trained model satisfies its scheme's constraint (nGPT's unit norms)
     model.refresh_norm_constants()
     return model.eval()
 

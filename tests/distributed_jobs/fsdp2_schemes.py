@@ -20,6 +20,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from bhyt_pl import Llama, LlamaConfig, parameter_groups, registered_norms
+from bhyt_pl.norms import build_norm_scheme
 
 QK_NORM = "mix_ln+qk_norm"
 QK_FULL = "reordered+qk_full"
@@ -36,6 +37,7 @@ def train(model, batches, steps=3):
         opt.zero_grad()
         loss.backward()
         opt.step()
+        model.constrain_weights()  # what LlamaLM.optimizer_step does (nGPT: unit norms, columns across ranks)
         model.refresh_norm_constants()  # what NormConstantRefresh does every N steps
         losses.append(loss.detach())
     return torch.stack(losses)
@@ -61,6 +63,7 @@ def main(out_dir: str) -> None:
             norm=norm,
             norm_args=NORM_ARGS.get(label, NORM_ARGS.get(norm, {})),
             qk_norm="head" if label == QK_NORM else "full" if label == QK_FULL else False,
+            **build_norm_scheme(norm).model_settings,  # nGPT: untied embeddings
         )
         single = Llama(config)
         sharded = copy.deepcopy(single)
@@ -73,6 +76,12 @@ def main(out_dir: str) -> None:
         dist.all_reduce(sharded_losses)  # mean of per-rank means = global mean (equal token counts)
         sharded_losses /= world
         c = torch.stack([layer.norms.c.detach().clone() for layer in sharded.layers]) if norm == "bhyt" else None
+        # nGPT: after the hook every gathered matrix has unit norm along d, columns of o_proj/down spanning ranks
+        unit = (
+            [float((w.full_tensor().norm(dim=dim) - 1).abs().max()) for w, dim in sharded.width_matrices()]
+            if norm == "ngpt"
+            else []
+        )
         gathered = [None] * world
         dist.all_gather_object(gathered, c)
         results[label] = {
@@ -80,6 +89,7 @@ def main(out_dir: str) -> None:
             "sharded_losses": sharded_losses,
             "single_c": torch.stack([layer.norms.c for layer in single.layers]) if norm == "bhyt" else None,
             "sharded_c": gathered if norm == "bhyt" else [],
+            "unit_norm_error": unit,
         }
     if rank == 0:
         torch.save(results, Path(out_dir) / "fsdp2_schemes.pt")
