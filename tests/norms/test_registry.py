@@ -21,6 +21,7 @@ BUILTIN = [
     "layernorm",
     "lns",
     "mix_ln",
+    "ngpt",
     "peri_ln",
     "post_ln",
     "reordered",
@@ -32,6 +33,7 @@ BUILTIN = [
 
 def test_builtin_names() -> None:
     assert set(BUILTIN) <= set(registered_norms())
+    assert len(BUILTIN) == 17
 
 
 def test_unknown_name_lists_registered() -> None:
@@ -148,8 +150,10 @@ def test_parameter_groups_never_decay_norm_parameters() -> None:
     for name in BUILTIN:
         model = Llama(LlamaConfig.from_name("tiny", n_layers=2, norm=name))
         decay, no_decay = parameter_groups(model, 0.1)
+        sites = {"norms", "final_norm", "emb_norm", "q_norm", "k_norm", "v_norm"}
+        scales = {"sq", "sk", "s_up", "s_gate", "s_z"}  # nGPT's, on attention, the MLP and the model
         norm_params = {
-            id(p) for n, p in model.named_parameters() if {"norms", "final_norm", "emb_norm"} & set(n.split("."))
+            id(p) for n, p in model.named_parameters() if sites & set(n.split(".")) or n.split(".")[-1] in scales
         }
         assert norm_params == {id(p) for p in no_decay["params"]}
         assert no_decay["weight_decay"] == 0.0 and decay["weight_decay"] == 0.1
