@@ -178,7 +178,7 @@ def test_gpu_script_dry_run(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 @pytest.mark.parametrize(
-    "scheme", ["post_ln", "mix_ln", "derf", "seednorm", "dyisru", "reordered", "hybridnorm", "ssnorm", "gpas"]
+    "scheme", ["post_ln", "mix_ln", "derf", "seednorm", "dyisru", "reordered", "hybridnorm", "ssnorm", "gpas", "ngpt"]
 )
 def test_site_step_runs_every_new_scheme(scheme: str) -> None:
     """The sites benchmark drives Post-LN's residual sites too (block 0 of 16: Mix-LN's first layer is Post-LN)."""
