@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torchmetrics import MeanMetric
 
 from bhyt_pl.checkpoint import checkpoint_entry
@@ -58,9 +59,12 @@ class LlamaLM(L.LightningModule):
             so evaluation can rebuild it.
         lr: peak learning rate.
         min_lr_ratio: the cosine schedule ends at ``lr * min_lr_ratio``.
-        warmup_ratio: linear warmup over this fraction of the total optimizer steps.
-        warmup_steps: warmup length in steps; overrides ``warmup_ratio`` when set.
-        weight_decay: AdamW weight decay on matrices; never on norm parameters (``parameter_groups``).
+        warmup_ratio: linear warmup over this fraction of the total optimizer steps (None: the norm scheme's
+            recipe where it declares one, ``NormScheme.training_defaults``, else 0.05).
+        warmup_steps: warmup length in steps; overrides ``warmup_ratio`` when set (None: the scheme's recipe
+            where it declares one, e.g. nGPT's 0, else derived from ``warmup_ratio``).
+        weight_decay: AdamW weight decay on matrices; never on norm parameters (``parameter_groups``). None:
+            the scheme's recipe where it declares one (nGPT: 0), else 0.1.
         betas: AdamW betas.
         adam_eps: AdamW epsilon.
         init_checkpoint: start from the weights of this ``LlamaLM`` checkpoint (e.g. for SFT). The
@@ -90,9 +94,9 @@ class LlamaLM(L.LightningModule):
         tokenizer: str | None = None,
         lr: float = 3e-4,
         min_lr_ratio: float = 0.1,
-        warmup_ratio: float = 0.05,
+        warmup_ratio: float | None = None,
         warmup_steps: int | None = None,
-        weight_decay: float = 0.1,
+        weight_decay: float | None = None,
         betas: tuple[float, float] = (0.9, 0.95),
         adam_eps: float = 1e-8,
         init_checkpoint: str | None = None,
@@ -103,6 +107,17 @@ class LlamaLM(L.LightningModule):
         loss_chunk_tokens: int | None = None,
     ) -> None:
         super().__init__()
+        if init_checkpoint:
+            from bhyt_pl.checkpoint import read_model_config
+
+            self.init_config = read_model_config(init_checkpoint)  # what load_initial_weights expects to find
+            self.config = self.finetune_config(self.init_config, overrides or {}, norm_args or {}, seq_len)
+        else:
+            self.init_config = None
+            self.config = self.build_config(preset, overrides or {}, norm, norm_args or {}, seq_len)
+        given = {"weight_decay": weight_decay, "warmup_ratio": warmup_ratio, "warmup_steps": warmup_steps}
+        resolved = resolve_training_defaults(self.config.norm_scheme(), given)
+        weight_decay, warmup_ratio, warmup_steps = (resolved[k] for k in given)
         problems = []
         if loss_impl not in LOSS_IMPLS:
             problems.append(f"loss_impl must be one of {', '.join(LOSS_IMPLS)}; got {loss_impl!r}")
@@ -121,18 +136,13 @@ class LlamaLM(L.LightningModule):
         if not all(0 <= b < 1 for b in betas):
             problems.append(f"betas must be in [0, 1), got {betas}")
         raise_if_problems("LlamaLM arguments", problems)
-        if init_checkpoint:
-            from bhyt_pl.checkpoint import read_model_config
-
-            self.init_config = read_model_config(init_checkpoint)  # what load_initial_weights expects to find
-            self.config = self.finetune_config(self.init_config, overrides or {}, norm_args or {}, seq_len)
-        else:
-            self.init_config = None
-            self.config = self.build_config(preset, overrides or {}, norm, norm_args or {}, seq_len)
         # hyperparameters are plain data: the norm is stored as its registry name and resolved arguments,
-        # also in hparams_initial, which hparams.yaml and TensorBoard's HPARAMS are written from
+        # also in hparams_initial, which hparams.yaml and TensorBoard's HPARAMS are written from; the
+        # optimisation values as resolved (the scheme's recipe or the defaults), so a resume compares values
         self.save_hyperparameters(ignore=["norm", "norm_args"])
-        self.save_hyperparameters({**self.hparams, "norm": self.config.norm, "norm_args": dict(self.config.norm_args)})
+        self.save_hyperparameters(
+            {**self.hparams, **resolved, "norm": self.config.norm, "norm_args": dict(self.config.norm_args)}
+        )
         self.model: Llama | None = None
         self.val_loss = MeanMetric()
         self.test_loss = MeanMetric()
@@ -337,10 +347,35 @@ class LlamaLM(L.LightningModule):
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
+    def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
+        super().optimizer_step(*args, **kwargs)
+        self.model.constrain_weights()  # the scheme's weight constraint after every step (nGPT); else a no-op
+
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # a checkpoint carries the plain-data config so it can be rebuilt without this class's arguments
         checkpoint["bhyt_pl"] = checkpoint_entry(self.config, self.hparams.tokenizer)
+
+
+TRAINING_DEFAULTS = {"weight_decay": 0.1, "warmup_ratio": 0.05, "warmup_steps": None}
+"""``LlamaLM``'s optimisation defaults where neither the user nor the norm scheme's recipe sets a value."""
+
+
+def resolve_training_defaults(
+    scheme: NormScheme, given: dict[str, Any], log: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """``given`` (optimisation settings by ``LlamaLM`` argument name, None where the user set nothing) with each
+    unset one taken from the scheme's ``training_defaults``, else ``TRAINING_DEFAULTS``; logs (once per process)
+    which values the scheme's recipe supplied. Used by ``LlamaLM`` and so by ``fit``, ``study`` and ``bench``."""
+    out = {k: v for k, v in given.items()}
+    from_scheme = {k: v for k, v in scheme.training_defaults.items() if k in out and out[k] is None}
+    for key, value in out.items():
+        if value is None:
+            out[key] = from_scheme.get(key, TRAINING_DEFAULTS.get(key))
+    if from_scheme:
+        text = ", ".join(f"{k}={v}" for k, v in from_scheme.items())
+        (log or rank_zero_info)(f"norm {scheme.name!r}: {text} from its recipe (set them to override)")
+    return out
 
 
 def _bind_run(config: LlamaConfig, seq_len: int | None, explicit: set[str]) -> LlamaConfig:

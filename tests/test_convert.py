@@ -112,6 +112,8 @@ def _variants() -> list:
     qk = pytest.mark.skipif("qk_norm" not in fields, reason="no QK-norm option in this checkout")
     cases.append(pytest.param("rmsnorm", {}, {"qk_norm": True}, id="rmsnorm-qk_norm", marks=qk))
     cases.append(pytest.param("bhyt", {}, {"qk_norm": True}, id="bhyt-qk_norm", marks=qk))
+    cases.append(pytest.param("reordered", {}, {"qk_norm": "full"}, id="olmo2-reordered-qk_full", marks=qk))
+    cases.append(pytest.param("hybridnorm", {"star": True}, {}, id="hybridnorm-star"))
     exact = pytest.mark.skipif(
         "exact_layers" not in base.build_norm_scheme("bhyt").hparams(), reason="no BHyT exact_layers in this checkout"
     )
@@ -125,6 +127,7 @@ def _perturbed(model: Llama, scale: float = 0.1) -> Llama:
     with torch.no_grad():
         for p in model.parameters():
             p.add_(scale * torch.randn(p.shape, generator=g) * p.abs().mean().clamp_min(0.1))
+    model.constrain_weights()  # a trained model satisfies its scheme's constraint (nGPT's unit norms)
     model.refresh_norm_constants()
     return model.eval()
 

@@ -3,8 +3,10 @@
 One "block" of norm work is what ``Block.forward`` asks of its ``BlockNorms``: ``pre_attn`` on the
 block input, ``post_attn`` on the attention output, ``attn_residual`` after the first residual add,
 ``pre_mlp`` on ``h`` (with site A's context), ``post_mlp`` on the MLP output and ``mlp_residual``
-after the second add. The attention and the MLP are replaced by fixed tensors, so the time is the
-norms' (two sites, four for Peri-LN) plus the two residual adds every scheme shares.
+after the second add; the adds are the scheme's residual updates (``attn_update``, ``mlp_update``). The
+attention and the MLP are replaced by fixed tensors, so the time is the norms' (two sites, four for
+Peri-LN) plus the two residual adds every scheme shares. Norms inside attention (QK-norm, HybridNorm's
+q/k/v norms) are not block sites and are not timed here; ``bench`` times them in the train step.
 
 Roofline: ``site_bytes`` is the compulsory memory traffic of that work (each norm site reads its
 input and writes its output forward, and reads the output gradient and its input and writes the
@@ -74,9 +76,9 @@ def block_norms(
 
 def _forward(norms: BlockNorms, x: torch.Tensor, a: torch.Tensor, m: torch.Tensor):
     u, ctx = norms.pre_attn(x)  # site A: x [N, d]
-    h = norms.attn_residual(x + norms.post_attn(a))  # a stands in for Attn(u)
+    h = norms.attn_residual(norms.attn_update(x, norms.post_attn(a)))  # a stands in for Attn(u)
     v = norms.pre_mlp(h, ctx)  # site B
-    y = norms.mlp_residual(h + norms.post_mlp(m))  # m stands in for MLP(v)
+    y = norms.mlp_residual(norms.mlp_update(h, norms.post_mlp(m)))  # m stands in for MLP(v)
     return u, v, y
 
 

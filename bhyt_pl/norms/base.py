@@ -2,15 +2,18 @@
 
 A *scheme* (``NormScheme``) is plain configuration with typed constructor arguments; it builds
 modules for one model: a ``BlockNorms`` per layer (six sites: ``attn_in``, ``attn_out``,
-``attn_res``, ``mlp_in``, ``mlp_out``, ``mlp_res``), the final norm and the embedding norm. The block calls only
-``BlockNorms`` methods, so it never branches on a scheme's name, and statistics can flow from
-site A to site B of a block through the ``ctx`` value (BHyT's one reduction per block).
+``attn_res``, ``mlp_in``, ``mlp_out``, ``mlp_res``, and the two residual updates), the norms inside
+attention (``AttentionNorms``: q, k, v and the softmax scale), the final norm and the embedding norm.
+The model calls only these methods, so it never branches on a scheme's name, and statistics can flow
+from site A to site B of a block through the ``ctx`` value (BHyT's one reduction per block).
 """
 
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 import torch
@@ -19,8 +22,12 @@ from torch import nn
 from bhyt_pl.validation import raise_if_problems
 
 __all__ = [
+    "QK_NORMS",
     "RUN_FACTS",
+    "AttentionNorms",
     "BlockNorms",
+    "MLPScales",
+    "Scale",
     "BoundedSite",
     "NormScheme",
     "build_norm_scheme",
@@ -35,6 +42,11 @@ _REGISTRY: dict[str, type[NormScheme]] = {}
 RUN_FACTS: tuple[str, ...] = ("seq_len",)
 """Every fact about a run an entry point can bind into a scheme (``NormScheme.bind``):
 ``seq_len``, the training sequence length ``T`` of the run that trains the model."""
+
+QK_NORMS: tuple[str, ...] = ("head", "full")
+"""Layouts of ``LlamaConfig.qk_norm``: ``head`` normalises each head's query and key over ``hd`` (one
+gain ``[hd]`` shared by the heads); ``full`` normalises the whole projected q and k before the head
+split (OLMo 2, gains ``[H * hd]`` and ``[K * hd]``). Both act before RoPE."""
 
 S = TypeVar("S", bound="type[NormScheme]")
 
@@ -160,9 +172,9 @@ class BlockNorms(nn.Module):
     The block computes::
 
         u, ctx = norms.pre_attn(x)
-        h = norms.attn_residual(x + norms.post_attn(attn(u)))
+        h = norms.attn_residual(norms.attn_update(x, norms.post_attn(attn(u))))
         v = norms.pre_mlp(h, ctx)
-        y = norms.mlp_residual(h + norms.post_mlp(mlp(v)))
+        y = norms.mlp_residual(norms.mlp_update(h, norms.post_mlp(mlp(v))))
 
     Every site is a real submodule (``nn.Identity`` where a scheme has none), so hooks and
     state-dict keys have stable names such as ``layers.3.norms.attn_in``. ``attn_res`` and
@@ -197,6 +209,11 @@ class BlockNorms(nn.Module):
         """Applied to the attention output before the residual add (Peri-LN)."""
         return self.attn_out(a)
 
+    def attn_update(self, x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        """The residual update of the attention sublayer from the stream ``x`` and the branch output
+        ``a``: the plain add ``x + a`` unless a scheme moves the stream otherwise."""
+        return x + a
+
     def attn_residual(self, h: torch.Tensor) -> torch.Tensor:
         """Applied to the residual stream right after the attention add (Post-LN)."""
         return self.attn_res(h)
@@ -208,6 +225,10 @@ class BlockNorms(nn.Module):
     def post_mlp(self, m: torch.Tensor) -> torch.Tensor:
         """Applied to the MLP output before the residual add (Peri-LN)."""
         return self.mlp_out(m)
+
+    def mlp_update(self, h: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        """The residual update of the MLP sublayer (``h + m`` unless a scheme says otherwise)."""
+        return h + m
 
     def mlp_residual(self, y: torch.Tensor) -> torch.Tensor:
         """Applied to the residual stream right after the MLP add, i.e. the block output (Post-LN)."""
@@ -243,6 +264,61 @@ class BlockNorms(nn.Module):
         for site in (self.attn_in, self.attn_out, self.attn_res, self.mlp_in, self.mlp_out, self.mlp_res):
             if hasattr(site, "reset_parameters"):
                 site.reset_parameters()
+
+
+@dataclass(frozen=True)
+class Scale:
+    """A learnable per-channel multiplier a scheme adds to a projection or to the logits (nGPT's ``s_q``).
+
+    The owning module stores ``name`` (a ``[width]`` parameter initialised to ``init``) and multiplies by
+    ``stored * factor``: the stored value and its learning rate stay small while the effective scale is
+    ``init * factor`` at the start.
+    """
+
+    name: str
+    width: int
+    init: float
+    factor: float = 1.0
+
+
+@dataclass
+class MLPScales:
+    """Scales of the SwiGLU's two input projections: ``down((up(h) * s_up) * silu(gate(h) * s_gate))``."""
+
+    up: Scale | None = None
+    gate: Scale | None = None
+
+
+@dataclass
+class AttentionNorms:
+    """What a scheme puts inside one attention layer.
+
+    ``q``, ``k`` and ``v`` become the attention's ``q_norm``, ``k_norm`` and ``v_norm`` submodules
+    (``nn.Identity`` where there is none, so state-dict keys read ``attn.q_norm.weight``). With
+    ``layout="head"`` they act on each head's vector [..., hd] after the head split; with ``"full"`` on
+    the whole projection [..., H * hd] before it. Either way before RoPE. ``softmax_scale`` is the
+    attention's score scale; None keeps ``scaled_dot_product_attention``'s ``1/sqrt(hd)``.
+    """
+
+    q: nn.Module
+    k: nn.Module
+    v: nn.Module
+    layout: str = "head"
+    softmax_scale: float | None = None
+    q_scale: Scale | None = None
+    """Multiplies the normalised query projection [..., H * hd] before the head split (``layout="full"``)."""
+    k_scale: Scale | None = None
+    """Multiplies the normalised key projection [..., K * hd] before the head split (``layout="full"``)."""
+
+    def __post_init__(self) -> None:
+        if self.layout not in QK_NORMS:
+            raise ValueError(f"AttentionNorms.layout must be one of {', '.join(QK_NORMS)}; got {self.layout!r}")
+        if (self.q_scale or self.k_scale) and self.layout != "full":
+            raise ValueError("AttentionNorms: q_scale and k_scale act on the whole projection; they need layout='full'")
+
+    def scale(self, head_dim: int) -> float:
+        """The score scale the attention actually applies."""
+        return 1.0 / math.sqrt(head_dim) if self.softmax_scale is None else self.softmax_scale
 
 
 @runtime_checkable
@@ -297,6 +373,49 @@ class NormScheme:
     def embedding_norm(self, dim: int) -> nn.Module:
         """Applied to the token embeddings before the first block (identity by default)."""
         return nn.Identity()
+
+    model_settings: ClassVar[dict[str, Any]] = {}
+    """``LlamaConfig`` fields the scheme needs (nGPT: ``{"tie_embeddings": False}``): ``LlamaConfig.from_name``
+    applies them over the preset (below the caller's overrides) and a config that contradicts one is refused."""
+    training_defaults: ClassVar[dict[str, Any]] = {}
+    """Optimisation the scheme's recipe uses (nGPT: no weight decay, no warmup), by ``LlamaLM`` argument name;
+    ``fit``, ``study`` and ``bench`` apply them where the user sets nothing and say so in the log."""
+
+    def mlp_scales(self, dim: int, mlp_dim: int) -> MLPScales:
+        """Scales of the MLP's input projections (none by default: the plain SwiGLU)."""
+        return MLPScales()
+
+    def logit_scale(self, dim: int, vocab_size: int) -> Scale | None:
+        """A scale of the logits, applied by ``Llama.output`` and by the chunked loss alike (None by default)."""
+        return None
+
+    def constrain_weights(self, matrices: list[tuple[torch.Tensor, int]]) -> None:
+        """Project weights back onto the scheme's constraint set, in place, under ``torch.no_grad``.
+
+        ``matrices`` is every weight matrix of the model with the dimension that runs along the model width
+        ``d`` (``Llama.width_matrices``); the model calls this after initialisation, after loading weights and
+        after every optimizer step. A no-op by default. Weights may be FSDP2 ``DTensor`` shards: reductions
+        over a sharded dimension must go through DTensor ops (which reduce across ranks), not local tensors.
+        """
+
+    owns_attention_norms: ClassVar[bool] = False
+    """True when the scheme sets the q/k/v norms itself (``attention_norms`` ignores ``qk_norm``); the
+    config then refuses any ``qk_norm`` setting instead of silently dropping it."""
+
+    def attention_norms(
+        self, dim: int, n_heads: int, n_kv_heads: int, head_dim: int, qk_norm: str | None, qk_norm_eps: float
+    ) -> AttentionNorms:
+        """The norms inside one attention layer. By default ``LlamaConfig.qk_norm`` decides: none,
+        per-head RMSNorms (``"head"``, gains ``[hd]``) or OLMo 2's full-width ones (``"full"``)."""
+        from bhyt_pl.norms.rmsnorm import RMSNorm
+
+        if qk_norm is None:
+            return AttentionNorms(nn.Identity(), nn.Identity(), nn.Identity())
+        if qk_norm == "head":
+            q, k = RMSNorm(head_dim, qk_norm_eps), RMSNorm(head_dim, qk_norm_eps)
+        else:
+            q, k = RMSNorm(n_heads * head_dim, qk_norm_eps), RMSNorm(n_kv_heads * head_dim, qk_norm_eps)
+        return AttentionNorms(q, k, nn.Identity(), layout=qk_norm)
 
     def diagnostics(self, n_layers: int, blocks: Sequence[BlockNorms] = ()) -> dict[str, Any]:
         """The scheme's named model-level statistics for a model of ``n_layers`` whose block norms are

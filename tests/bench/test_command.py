@@ -189,7 +189,9 @@ def test_gpu_script_dry_run(capsys: pytest.CaptureFixture[str]) -> None:
     assert settings["compile"] is True
 
 
-@pytest.mark.parametrize("scheme", ["post_ln", "mix_ln", "derf", "seednorm", "dyisru"])
+@pytest.mark.parametrize(
+    "scheme", ["post_ln", "mix_ln", "derf", "seednorm", "dyisru", "reordered", "hybridnorm", "ssnorm", "gpas", "ngpt"]
+)
 def test_site_step_runs_every_new_scheme(scheme: str) -> None:
     """The sites benchmark drives Post-LN's residual sites too (block 0 of 16: Mix-LN's first layer is Post-LN)."""
     from bhyt_pl.bench.sites import block_norms, site_step
@@ -202,6 +204,8 @@ def test_site_step_runs_every_new_scheme(scheme: str) -> None:
     assert u.shape == v.shape == y.shape == (8, 16)
     if scheme in ("post_ln", "mix_ln"):  # the block output is normalised: unit RMS per token
         torch.testing.assert_close(y.pow(2).mean(-1), torch.ones(8), atol=1e-4, rtol=1e-4)
+    if scheme == "hybridnorm":  # the MLP reads the normalised stream after the attention add, no norm of its own
+        torch.testing.assert_close(v.pow(2).mean(-1), torch.ones(8), atol=1e-4, rtol=1e-4)
     assert all(p.grad is None for p in norms.parameters())  # the step clears what it accumulated
 
 
