@@ -182,7 +182,7 @@ def modeling_source(model: Llama) -> str:
         ValueError: the model's norm scheme is not part of bhyt_pl and provides no source
             (``NormScheme.export_source``).
     """
-    from bhyt_pl import __version__
+    from bhyt_pl._version import __version__
     from bhyt_pl.hf_modeling import BHyTLlamaConfig, BHyTLlamaForCausalLM, TransformersCacheView
     from bhyt_pl.source_bundle import bundle_source, bundled_module
 

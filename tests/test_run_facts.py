@@ -190,7 +190,7 @@ def test_study_binds_its_sequence_length(tmp_path: Path, monkeypatch: pytest.Mon
 def test_bench_binds_its_sequence_length() -> None:
     from bhyt_pl.bench.models import build_model
     from bhyt_pl.bench.sites import block_norms
-    from bhyt_pl.bench.variants import parse_variant
+    from bhyt_pl.variants import parse_variant
 
     variant = parse_variant("bhyt:lambda_attn=1.0")
     model = build_model("tiny", variant, {"n_layers": 2}, torch.device("cpu"), torch.float32, seq_len=40)

@@ -21,7 +21,7 @@ from bhyt_pl.bench.sites import block_norms, memory_bandwidth, site_bytes, site_
 from bhyt_pl.bench.tanh import tanh_table
 from bhyt_pl.bench.timing import interleaved, machine_info, median, synchronizer
 from bhyt_pl.bench.train_step import train_step
-from bhyt_pl.bench.variants import DEFAULT_VARIANTS, Variant, parse_variant
+from bhyt_pl.variants import DEFAULT_VARIANTS, Variant, parse_variant
 
 __all__ = ["PARTS", "PEER", "main", "parser", "run"]
 

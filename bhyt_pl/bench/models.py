@@ -6,9 +6,9 @@ from typing import Any
 
 import torch
 
-from bhyt_pl.bench.variants import Variant
 from bhyt_pl.config import LlamaConfig
 from bhyt_pl.model import Llama
+from bhyt_pl.variants import Variant
 
 __all__ = ["build_model", "compile_blocks", "hf_peer", "litgpt_available", "litgpt_peer"]
 

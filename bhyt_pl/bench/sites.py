@@ -22,8 +22,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from bhyt_pl.bench.variants import Variant
 from bhyt_pl.norms import BlockNorms, build_norm_scheme
+from bhyt_pl.variants import Variant
 
 __all__ = ["DATASHEET_BANDWIDTH", "block_norms", "memory_bandwidth", "site_bytes", "site_step"]
 

@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 import torch
 from torch import nn
 
+from bhyt_pl.norms.rms import RMSNorm, second_moment
 from bhyt_pl.validation import raise_if_problems
 
 __all__ = [
@@ -148,12 +149,6 @@ def _type_name(hint: Any) -> str:
     return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
 
 
-def second_moment(x: torch.Tensor) -> torch.Tensor:
-    """Per-token uncentered second moment ``mean(x^2)`` over the last dim, at least float32. Shape [..., 1]."""
-    dtype = torch.promote_types(x.dtype, torch.float32)
-    return x.to(dtype).pow(2).mean(dim=-1, keepdim=True)
-
-
 class BlockNorms(nn.Module):
     """The norm sites of one transformer block.
 
@@ -267,8 +262,6 @@ class NormScheme:
 
     def final_norm(self, dim: int, n_layers: int) -> nn.Module:
         """The norm after the last block (RMSNorm unless a scheme says otherwise)."""
-        from bhyt_pl.norms.rmsnorm import RMSNorm
-
         return RMSNorm(dim, eps=1e-5)
 
     def embedding_norm(self, dim: int) -> nn.Module:
