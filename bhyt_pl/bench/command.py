@@ -245,7 +245,7 @@ def _train(results, variants: list[Variant], settings, device, dtype, sync) -> N
     for mode, use_compile in _modes(settings).items():
         steps = {}
         for v in variants:
-            model = build_model(settings["preset"], v, settings["overrides"], device, dtype, settings["seq_len"])
+            model = build_model(settings["preset"], v, settings["overrides"], device, dtype, T, batch_size=B)
             if use_compile:
                 compile_blocks(model)
             step, forward_loss = train_step(model, B, T, model.config.vocab_size)

@@ -20,7 +20,6 @@ from bhyt_pl.norms.rms import RMSNorm, second_moment
 from bhyt_pl.validation import raise_if_problems
 
 __all__ = [
-    "RUN_FACTS",
     "BlockNorms",
     "BoundedSite",
     "NormScheme",
@@ -32,10 +31,6 @@ __all__ = [
 ]
 
 _REGISTRY: dict[str, type[NormScheme]] = {}
-
-RUN_FACTS: tuple[str, ...] = ("seq_len",)
-"""Every fact about a run an entry point can bind into a scheme (``NormScheme.bind``):
-``seq_len``, the training sequence length ``T`` of the run that trains the model."""
 
 S = TypeVar("S", bound="type[NormScheme]")
 
@@ -61,10 +56,11 @@ def register_norm(name: str) -> Callable[[S], S]:
                 f"norm name {name!r} is already registered to {existing.__module__}.{existing.__qualname__}"
             )
         params = inspect.signature(cls.__init__).parameters
-        bad = [f for f in cls.run_facts if f not in RUN_FACTS or f not in params]
+        bad = [f for f in cls.run_facts if f not in params or params[f].default is not None]
         if bad:
             raise TypeError(
-                f"@register_norm({name!r}): run_facts {bad} must be constructor arguments named among {RUN_FACTS}"
+                f"@register_norm({name!r}): run_facts {bad} must be constructor arguments that default to None "
+                "(unbound until a run binds them)"
             )
         cls.name = name
         _REGISTRY[name] = cls
@@ -239,7 +235,7 @@ class NormScheme:
     """Base class of a registered normalization scheme.
 
     Subclasses take their hyperparameters as typed constructor arguments, store each under an
-    attribute of the same name (so ``hparams()`` can rebuild them) and validate them in
+    attribute of the same name (so ``hparams()`` can rebuild them from the instance) and validate them in
     ``__init__`` through ``_raise_if``. They implement ``block_norms``, and override
     ``final_norm``/``embedding_norm`` where they differ from the defaults. Arguments that are facts
     about the training run (BHyT's ``seq_len``) are listed in ``run_facts``, default to ``None`` and
@@ -252,9 +248,11 @@ class NormScheme:
     weights train (BHyT's ``c``); training then adds the refresh callback automatically."""
     run_facts: ClassVar[tuple[str, ...]] = ()
     """Constructor arguments that are facts about the training run rather than choices (BHyT's
-    ``seq_len``, the ``T`` of its constant ``c``). Each one is ``None`` until bound; every entry point
-    (CLI, ``LlamaLM``, study, bench, scripts, fine-tuning) supplies them through ``bind`` and never
-    inspects constructor signatures (docs/method.md, section 9)."""
+    ``seq_len``, the ``T`` of its constant ``c``). Each one defaults to ``None`` until bound. Declaring a
+    fact here is all a scheme does: every entry point (CLI, ``LlamaLM``, fine-tuning, study, bench,
+    scripts) builds its config with ``bhyt_pl.run_config.build_run_config`` and passes every fact it knows
+    about its run (the data module's ``run_facts()``: ``seq_len``, ``batch_size``); the scheme takes the ones it
+    declares (docs/method.md, section 9). There is no central list of facts."""
 
     def block_norms(self, dim: int, layer_idx: int, n_layers: int) -> BlockNorms:
         """Build the norms of block ``layer_idx`` (0-based) of ``n_layers``, width ``dim``."""
@@ -279,9 +277,6 @@ class NormScheme:
             >>> build_norm_scheme("rmsnorm").bind(seq_len=256)
             RMSNormScheme(eps=1e-05)
         """
-        unknown = sorted(set(facts) - set(RUN_FACTS))
-        if unknown:
-            raise TypeError(f"unknown run fact(s) {unknown}; run facts: {', '.join(RUN_FACTS)}")
         values = {k: facts[k] for k in self.run_facts if facts.get(k) is not None}
         if all(getattr(self, k) == v for k, v in values.items()):
             return self

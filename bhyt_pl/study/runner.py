@@ -49,7 +49,7 @@ from typing_extensions import override
 from bhyt_pl.callbacks import DepthStatsCollector
 from bhyt_pl.callbacks.stability import StabilityMonitor
 from bhyt_pl.module import LlamaLM
-from bhyt_pl.norms import build_norm_scheme
+from bhyt_pl.run_config import data_run_facts
 
 __all__ = [
     "TRAJECTORY_STATS",
@@ -448,7 +448,7 @@ def layer_importance(module: LlamaLM, batches: list[dict[str, torch.Tensor]]) ->
 
 def _variance_bound(spec: RunSpec, module: LlamaLM) -> dict[str, Any] | None:
     """The theorem condition ``lambda/kappa < 1/sqrt(L)`` for BHyT schemes, at the initial and the learned lambdas."""
-    scheme = build_norm_scheme(spec.norm, **spec.norm_args)
+    scheme = module.config.norm_scheme()
     report = getattr(scheme, "variance_bound_report", None)
     if not callable(report):
         return None
@@ -505,7 +505,7 @@ def run_one(
             overrides=dict(spec.overrides),
             norm=spec.norm,
             norm_args=dict(spec.norm_args),
-            seq_len=datamodule.seq_len,
+            run_facts=data_run_facts(datamodule),
             tokenizer=datamodule.tokenizer,
             lr=spec.lr,
             min_lr_ratio=spec.min_lr_ratio,
