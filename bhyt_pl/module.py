@@ -11,7 +11,7 @@ import torch
 from torchmetrics import MeanMetric
 
 from bhyt_pl.checkpoint import checkpoint_entry
-from bhyt_pl.config import LlamaConfig
+from bhyt_pl.flops import training_flops_per_token
 from bhyt_pl.loss import LOSS_IMPLS
 from bhyt_pl.model import Llama
 from bhyt_pl.norms import NormScheme
@@ -23,21 +23,6 @@ from bhyt_pl.validation import raise_if_problems
 __all__ = ["LlamaLM", "training_flops_per_token"]
 
 log = logging.getLogger(__name__)
-
-
-def training_flops_per_token(config: LlamaConfig, seq_len: int) -> float:
-    """Matmul FLOPs of one training token (forward + backward = 3x forward).
-
-    Forward per token: ``2 * (matmul parameters incl. the output projection)`` plus attention
-    scores and values, ``2 * 2 * L * H * hd * T`` (full, not causal-halved, as
-    ``torch.utils.flop_counter`` counts ``scaled_dot_product_attention``). Norms and other
-    element-wise work are not counted (MFU convention).
-    """
-    c = config
-    per_layer = c.dim * c.head_dim * (2 * c.n_heads + 2 * c.n_kv_heads) + 3 * c.dim * c.mlp_dim
-    matmul_params = c.n_layers * per_layer + c.vocab_size * c.dim
-    attention = 2 * 2 * c.n_layers * c.n_heads * c.head_dim * seq_len
-    return 3.0 * (2.0 * matmul_params + attention)
 
 
 class LlamaLM(L.LightningModule):

@@ -31,9 +31,9 @@ import torch.nn.functional as F
 
 from bhyt_pl import Llama, LlamaConfig, parameter_groups
 from bhyt_pl.callbacks.throughput import peak_flops_for
+from bhyt_pl.flops import training_flops_per_token
 from bhyt_pl.loss import resolve_impl
 from bhyt_pl.model import Block
-from bhyt_pl.module import training_flops_per_token
 from bhyt_pl.parallelize import shard_model
 from bhyt_pl.run_config import build_run_config
 

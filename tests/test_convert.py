@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import ast
-import dataclasses
 import json
 import subprocess
 import sys
@@ -104,18 +103,13 @@ def test_unsupported_hf_rope_type_is_refused() -> None:
 
 # ----------------------------------------------------------------------------- export
 def _variants() -> list:
-    """Every registered scheme, plus options that must export too where this checkout has them."""
+    """Every registered scheme, plus options that must export too (a missing option fails, never skips)."""
     cases = [pytest.param(norm, {}, {}, id=norm) for norm in registered_norms()]
     cases.append(pytest.param("bhyt", {"lambda_final": 3.0, "stat": "meanstd"}, {}, id="bhyt-final-meanstd"))
     cases.append(pytest.param("dyt", {}, {"tie_embeddings": False, "rope_scaling": SCALING}, id="dyt-untied-scaled"))
-    fields = {f.name for f in dataclasses.fields(LlamaConfig)}
-    qk = pytest.mark.skipif("qk_norm" not in fields, reason="no QK-norm option in this checkout")
-    cases.append(pytest.param("rmsnorm", {}, {"qk_norm": True}, id="rmsnorm-qk_norm", marks=qk))
-    cases.append(pytest.param("bhyt", {}, {"qk_norm": True}, id="bhyt-qk_norm", marks=qk))
-    exact = pytest.mark.skipif(
-        "exact_layers" not in base.build_norm_scheme("bhyt").hparams(), reason="no BHyT exact_layers in this checkout"
-    )
-    cases.append(pytest.param("bhyt", {"exact_layers": [0]}, {}, id="bhyt-exact_layers", marks=exact))
+    cases.append(pytest.param("rmsnorm", {}, {"qk_norm": True}, id="rmsnorm-qk_norm"))
+    cases.append(pytest.param("bhyt", {}, {"qk_norm": True}, id="bhyt-qk_norm"))
+    cases.append(pytest.param("bhyt", {"exact_layers": [0]}, {}, id="bhyt-exact_layers"))
     return cases
 
 

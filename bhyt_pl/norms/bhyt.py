@@ -1,7 +1,6 @@
-"""BHyT, Bounded Hyperbolic Tanh (arXiv 2601.09719), and BHyT* with exact statistics (docs/method.md,
-sections 2-3).
+"""BHyT, Bounded Hyperbolic Tanh (arXiv 2601.09719), and BHyT* with exact statistics.
 
-One site computes ``gamma * tanh(lambda * x / D(x))`` where the bound is
+docs/method.md, sections 2-3. One site computes ``gamma * tanh(lambda * x / D(x))`` where the bound is
 ``D = kappa * sqrt(m + eps)`` (``stat="rms"``, the released code) or
 ``D = kappa * sqrt(var + eps) + |mu|`` (``stat="meanstd"``, the paper's ideal form). By Chebyshev
 at least a fraction ``p`` of the coordinates satisfy ``|x_i| <= D``, so the tanh argument stays in
