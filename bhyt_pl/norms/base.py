@@ -9,8 +9,9 @@ site A to site B of a block through the ``ctx`` value (BHyT's one reduction per 
 
 from __future__ import annotations
 
+import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 import torch
@@ -55,7 +56,7 @@ def register_norm(name: str) -> Callable[[S], S]:
             raise ValueError(
                 f"norm name {name!r} is already registered to {existing.__module__}.{existing.__qualname__}"
             )
-        params = inspect.signature(cls.__init__).parameters
+        params = _constructor_parameters(cls)
         bad = [f for f in cls.run_facts if f not in params or params[f].default is not None]
         if bad:
             raise TypeError(
@@ -96,7 +97,7 @@ def check_norm_args(scheme: type[NormScheme], kwargs: dict[str, Any]) -> None:
     strings and their optionals, and the check must name the scheme's field the way a recipe spells it."""
     import typing
 
-    params = {n: p for n, p in inspect.signature(scheme.__init__).parameters.items() if n != "self"}
+    params = {n: p for n, p in _constructor_parameters(scheme).items() if n != "self"}
     if any(p.kind is p.VAR_KEYWORD for p in params.values()):
         return
     unknown = sorted(set(kwargs) - set(params))
@@ -116,6 +117,12 @@ def check_norm_args(scheme: type[NormScheme], kwargs: dict[str, Any]) -> None:
     ]
     if wrong:
         raise TypeError(f"norm {scheme.name!r} argument(s) of the wrong type: {'; '.join(wrong)}")
+
+
+@functools.cache
+def _constructor_parameters(cls: type) -> Mapping[str, inspect.Parameter]:
+    """A scheme class's constructor parameters, read once per class (the one place a signature is read)."""
+    return inspect.signature(cls.__init__).parameters
 
 
 def _matches(value: Any, hint: Any) -> bool:
@@ -299,7 +306,7 @@ class NormScheme:
 
     def hparams(self) -> dict[str, Any]:
         """Constructor arguments that rebuild this scheme: ``type(s)(**s.hparams())``."""
-        params = inspect.signature(type(self).__init__).parameters
+        params = _constructor_parameters(type(self))
         return {n: getattr(self, n) for n, p in params.items() if n != "self" and p.kind is p.POSITIONAL_OR_KEYWORD}
 
     def __repr__(self) -> str:
