@@ -101,6 +101,22 @@ def test_unsupported_hf_rope_type_is_refused() -> None:
         rope_scaling_from_hf(config)
 
 
+def test_one_mapping_names_every_size_field_both_ways() -> None:
+    from bhyt_pl.convert import from_hf_llama, hf_config
+    from bhyt_pl.hf_config import HF_FIELDS, from_hf_fields
+
+    config = LlamaConfig.from_name("tiny", n_layers=2, head_dim=48, init_std=0.03, tie_embeddings=False)
+    hf = hf_config(config)
+    expected = {"hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 2, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "head_dim": 48, "max_position_embeddings": 512, "vocab_size": 8192,
+                "initializer_range": 0.03, "tie_word_embeddings": False}  # fmt: skip
+    assert {key: getattr(hf, key) for key in expected} == expected
+    assert set(HF_FIELDS.values()) == set(expected)
+    assert from_hf_fields(hf) == {field: getattr(config, field) for field in HF_FIELDS}
+    back = from_hf_llama(transformers.LlamaForCausalLM(hf)).config
+    assert {f: getattr(back, f) for f in HF_FIELDS} == {f: getattr(config, f) for f in HF_FIELDS}
+
+
 # ----------------------------------------------------------------------------- export
 def _variants() -> list:
     """Every registered scheme, plus options that must export too (a missing option fails, never skips)."""
