@@ -230,6 +230,13 @@ def test_init_checkpoint_binds_the_fine_tuning_runs_T(pretrained: Path) -> None:
     assert kept.config.norm_args["seq_len"] == 32
 
 
+def test_init_checkpoint_binds_a_new_fact(tmp_path: Path) -> None:
+    config = build_run_config("tiny", "batch_probe", overrides=TINY_OVERRIDES, run_facts={"batch_size": 2})
+    probe = write_checkpoint(Llama(config), tmp_path / "probe.ckpt")
+    sft = LlamaLM(init_checkpoint=str(probe), run_facts={"seq_len": 48, "batch_size": 7})
+    assert sft.config.norm_args == {"batch_size": 7} and sft.config.norm_scheme().batch_size == 7
+
+
 def test_sft_final_norm_becomes_bhyt_with_the_pretrained_gain(pretrained: Path) -> None:
     source = load_model(pretrained).model
     assert isinstance(source.final_norm, RMSNorm)
