@@ -18,14 +18,13 @@ from reference_model import vo_constant_ref
 import bhyt_pl.norms
 from bhyt_pl import Llama, LlamaConfig, LlamaLM, load_model
 from bhyt_pl.checkpoint import SCHEMA_VERSION, checkpoint_entry
-from bhyt_pl.norms import BHyT, BHyTScheme, NormScheme, RMSNorm, RMSNormScheme, build_norm_scheme, register_norm
+from bhyt_pl.norms import BHyT, BHyTScheme, NormScheme, RMSNorm, RMSNormScheme, base, build_norm_scheme, register_norm
 from bhyt_pl.norms.bhyt import UNBOUND_SEQ_LEN
 from bhyt_pl.run_config import build_run_config, data_run_facts
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@register_norm("batch_probe")
 class BatchProbeScheme(RMSNormScheme):
     """A scheme with a run fact no entry point names: ``batch_size``, declared here and nowhere else."""
 
@@ -34,6 +33,13 @@ class BatchProbeScheme(RMSNormScheme):
     def __init__(self, eps: float = 1e-5, impl: str = "auto", batch_size: int | None = None) -> None:
         super().__init__(eps, impl)
         self.batch_size = batch_size
+
+
+@pytest.fixture(autouse=True)
+def batch_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``batch_probe`` registered for this module's tests only (other tests list the registered norms)."""
+    monkeypatch.setattr(base, "_REGISTRY", dict(base._REGISTRY))
+    register_norm("batch_probe")(BatchProbeScheme)
 
 
 def assert_model_uses_T(model: Llama, T: int) -> None:
