@@ -79,7 +79,7 @@ def build_run_config(
             name, args = norm, norm_args
         config = LlamaConfig.from_name(preset, **{**overrides, "norm": name, "norm_args": args})
         scheme = config.norm_scheme()
-        explicit = {k for k in scheme.run_facts if getattr(scheme, k) is not None}
+        explicit = set(scheme.run_facts) - set(scheme.unbound_run_facts())  # set by the norm arguments
     else:
         accepted = set(base.norm_scheme().hparams())
         unknown = sorted(set(norm_args) - accepted)
