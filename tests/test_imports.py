@@ -37,7 +37,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("bhyt_pl.parallelize", "bhyt_pl.checkpoint", "bhyt_pl.hf_modeling"),
     ("bhyt_pl.callbacks", "bhyt_pl.convert"),
     ("bhyt_pl.module", "bhyt_pl.eval"),
-    ("bhyt_pl.cli", "bhyt_pl.bench"),
+    ("bhyt_pl.cli", "bhyt_pl.bench", "bhyt_pl.compare"),
     ("bhyt_pl.study",),
     ("bhyt_pl", "bhyt_pl.__main__"),  # the package root re-exports; the entry point
 ]
