@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -30,7 +31,8 @@ class LlamaConfig:
     """A Llama-3.2-style decoder: RoPE, SwiGLU, grouped-query attention, no biases.
 
     Plain data (names and numbers): a checkpoint stores ``dataclasses.asdict(config)`` and the
-    model is rebuilt from it; the norm scheme is resolved from the registry at build time.
+    model is rebuilt from it. The norm scheme is resolved from the registry once, when the config is
+    built, and held (``norm_scheme()``); build a run's config with ``bhyt_pl.run_config.build_run_config``.
     """
 
     name: str = "custom"
@@ -115,7 +117,12 @@ class LlamaConfig:
                 f"norm_args must be a mapping of constructor arguments, got {type(self.norm_args).__name__}"
             )
         raise_if_problems("LlamaConfig", problems)
-        scheme = self.norm_scheme()  # unknown names and bad norm arguments fail here, before any work
+        from bhyt_pl.norms import build_norm_scheme
+
+        # resolved once, here: unknown names and bad norm arguments fail before any work, and every reader
+        # (the model, the trainer, export) gets this instance instead of resolving the strings again
+        self._scheme: NormScheme = build_norm_scheme(self.norm, **self.norm_args)
+        scheme = self._scheme
         wrong = {k: v for k, v in scheme.model_settings.items() if getattr(self, k) != v}
         if wrong:
             raise ValueError(
@@ -134,13 +141,13 @@ class LlamaConfig:
         return self.qk_norm or None
 
     def norm_scheme(self) -> NormScheme:
-        """The norm scheme this config names, built from the registry."""
-        from bhyt_pl.norms import build_norm_scheme
-
-        return build_norm_scheme(self.norm, **self.norm_args)
+        """The norm scheme instance this config holds, resolved from ``norm``/``norm_args`` when it was built
+        (its hyperparameters are read from this instance, never from the scheme's signature)."""
+        return self._scheme
 
     def bind(self, **facts: Any) -> LlamaConfig:
-        """This config with its norm scheme's run facts set (``NormScheme.bind``, e.g. ``seq_len=T``).
+        """This config with its norm scheme's run facts set (``NormScheme.bind``, e.g. ``seq_len=T``); entry
+        points call ``bhyt_pl.run_config.build_run_config``, which binds through this.
 
         A copy whose ``norm_args`` carry the bound values, so a checkpoint records the facts its model
         was trained with; ``self`` when nothing changes. Facts the scheme does not declare are ignored.
@@ -151,7 +158,7 @@ class LlamaConfig:
             >>> LlamaConfig.from_name("tiny").bind(seq_len=256).norm_args
             {}
         """
-        bound = self.norm_scheme().bind(**facts)
+        bound = self._scheme.bind(**facts)
         changed = {
             k: getattr(bound, k)
             for k in bound.run_facts
@@ -159,7 +166,11 @@ class LlamaConfig:
         }
         if not changed:
             return self
-        return dataclasses.replace(self, norm_args={**self.norm_args, **changed})
+        config = copy.copy(self)  # already validated: only the norm arguments and the bound instance change
+        config.norm_args = {**self.norm_args, **changed}
+        config.rope_scaling = dict(self.rope_scaling) if self.rope_scaling is not None else None
+        config._scheme = bound
+        return config
 
     @classmethod
     def from_name(cls, name: str, **overrides: Any) -> LlamaConfig:
@@ -175,11 +186,11 @@ class LlamaConfig:
         unknown = set(overrides) - set(fields)
         if unknown:
             raise ValueError(f"unknown LlamaConfig field(s) {sorted(unknown)}; fields: {', '.join(fields)}")
-        from bhyt_pl.norms import build_norm_scheme
+        from bhyt_pl.norms.base import scheme_class
 
         preset = PRESETS[name]
         norm = overrides.get("norm", preset.get("norm", "rmsnorm"))
-        settings = build_norm_scheme(norm, **overrides.get("norm_args", {})).model_settings  # nGPT: untied
+        settings = scheme_class(norm).model_settings  # nGPT: untied; a class declaration, nothing is resolved
         return cls(**{**preset, "name": name, **settings, **overrides})
 
     def to_dict(self) -> dict[str, Any]:

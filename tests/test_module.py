@@ -13,7 +13,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lm_fixtures import TINY_OVERRIDES, TokenDataModule, quiet_trainer
 
 from bhyt_pl import Llama, LlamaConfig, LlamaLM, load_model
-from bhyt_pl.module import training_flops_per_token
+from bhyt_pl.flops import training_flops_per_token
 from bhyt_pl.optim import cosine_with_warmup
 
 

@@ -23,7 +23,7 @@ from bhyt_pl.bench.sites import block_norms, memory_bandwidth, site_bytes, site_
 from bhyt_pl.bench.tanh import tanh_table
 from bhyt_pl.bench.timing import interleaved, machine_info, median, paired_ratio, synchronizer
 from bhyt_pl.bench.train_step import train_step
-from bhyt_pl.bench.variants import DEFAULT_VARIANTS, Variant, parse_variant
+from bhyt_pl.variants import DEFAULT_VARIANTS, Variant, parse_variant
 
 __all__ = ["DEFAULT_PARTS", "PARTS", "PEER", "main", "parser", "run"]
 
@@ -270,7 +270,7 @@ def _train(results, variants: list[Variant], settings, device, dtype, sync) -> N
     for mode, use_compile in _modes(settings).items():
         steps = {}
         for v in variants:
-            model = build_model(settings["preset"], v, settings["overrides"], device, dtype, settings["seq_len"])
+            model = build_model(settings["preset"], v, settings["overrides"], device, dtype, T, batch_size=B)
             if use_compile:
                 compile_blocks(model)
             step, forward_loss = train_step(model, B, T, model.config.vocab_size)

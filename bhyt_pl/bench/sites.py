@@ -24,8 +24,9 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from bhyt_pl.bench.variants import Variant
-from bhyt_pl.norms import BlockNorms, build_norm_scheme
+from bhyt_pl.norms import BlockNorms
+from bhyt_pl.run_config import build_run_config
+from bhyt_pl.variants import Variant
 
 __all__ = ["DATASHEET_BANDWIDTH", "block_norms", "memory_bandwidth", "site_bytes", "site_step"]
 
@@ -65,7 +66,11 @@ def block_norms(
 ) -> BlockNorms:
     """The norms of block 0 of ``n_layers`` for ``variant``, bound to the training length ``seq_len``;
     BHyT's cached ``c`` set to a typical 0.5 (there are no attention weights to derive it from)."""
-    scheme = build_norm_scheme(variant.norm, **variant.norm_args).bind(seq_len=seq_len)
+    # the scheme of a model of this width and depth, built as every run builds it; the attention's shape
+    # (one head of width 2) never reaches the norms
+    shape = {"dim": dim, "n_layers": n_layers, "n_heads": 1, "n_kv_heads": 1, "head_dim": 2, "max_seq_len": seq_len}
+    config = build_run_config("tiny", variant.norm, variant.norm_args, shape, {"seq_len": seq_len})
+    scheme = config.norm_scheme()
     norms = scheme.block_norms(dim, 0, n_layers)
     norms = norms.to(device=device, dtype=dtype)
     if hasattr(norms, "c"):

@@ -10,20 +10,21 @@ from site A to site B of a block through the ``ctx`` value (BHyT's one reduction
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 import torch
 from torch import nn
 
+from bhyt_pl.norms.rms import RMSNorm, second_moment
 from bhyt_pl.validation import raise_if_problems
 
 __all__ = [
     "QK_NORMS",
-    "RUN_FACTS",
     "AttentionNorms",
     "BlockNorms",
     "MLPScales",
@@ -34,14 +35,11 @@ __all__ = [
     "check_norm_args",
     "registered_norms",
     "register_norm",
+    "scheme_class",
     "second_moment",
 ]
 
 _REGISTRY: dict[str, type[NormScheme]] = {}
-
-RUN_FACTS: tuple[str, ...] = ("seq_len",)
-"""Every fact about a run an entry point can bind into a scheme (``NormScheme.bind``):
-``seq_len``, the training sequence length ``T`` of the run that trains the model."""
 
 QK_NORMS: tuple[str, ...] = ("head", "full")
 """Layouts of ``LlamaConfig.qk_norm``: ``head`` normalises each head's query and key over ``hd`` (one
@@ -71,11 +69,12 @@ def register_norm(name: str) -> Callable[[S], S]:
             raise ValueError(
                 f"norm name {name!r} is already registered to {existing.__module__}.{existing.__qualname__}"
             )
-        params = inspect.signature(cls.__init__).parameters
-        bad = [f for f in cls.run_facts if f not in RUN_FACTS or f not in params]
+        params = _constructor_parameters(cls)
+        bad = [f for f in cls.run_facts if f not in params or params[f].default is not None]
         if bad:
             raise TypeError(
-                f"@register_norm({name!r}): run_facts {bad} must be constructor arguments named among {RUN_FACTS}"
+                f"@register_norm({name!r}): run_facts {bad} must be constructor arguments that default to None "
+                "(unbound until a run binds them)"
             )
         cls.name = name
         _REGISTRY[name] = cls
@@ -89,18 +88,27 @@ def registered_norms() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def build_norm_scheme(norm: str | NormScheme, **kwargs: Any) -> NormScheme:
-    """Resolve a registry name (plus constructor kwargs) or pass a ready scheme through."""
+def scheme_class(norm: str | NormScheme) -> type[NormScheme]:
+    """The class a registry name (or a ready scheme) stands for, without building it: its class-level
+    declarations (``model_settings``, ``run_facts``) are read before a config exists."""
     if isinstance(norm, NormScheme):
-        if kwargs:
-            raise TypeError("build_norm_scheme: keyword arguments are only accepted with a registry name")
-        return norm
+        return type(norm)
     if not isinstance(norm, str):
         raise TypeError(f"norm must be a registry name (str) or a NormScheme, got {type(norm).__name__}")
     if norm not in _REGISTRY:
         raise ValueError(f"unknown norm {norm!r}; registered norms: {', '.join(registered_norms())}")
-    check_norm_args(_REGISTRY[norm], kwargs)
-    return _REGISTRY[norm](**kwargs)
+    return _REGISTRY[norm]
+
+
+def build_norm_scheme(norm: str | NormScheme, **kwargs: Any) -> NormScheme:
+    """Resolve a registry name (plus constructor kwargs) or pass a ready scheme through."""
+    cls = scheme_class(norm)
+    if isinstance(norm, NormScheme):
+        if kwargs:
+            raise TypeError("build_norm_scheme: keyword arguments are only accepted with a registry name")
+        return norm
+    check_norm_args(cls, kwargs)
+    return cls(**kwargs)
 
 
 def check_norm_args(scheme: type[NormScheme], kwargs: dict[str, Any]) -> None:
@@ -111,7 +119,7 @@ def check_norm_args(scheme: type[NormScheme], kwargs: dict[str, Any]) -> None:
     strings and their optionals, and the check must name the scheme's field the way a recipe spells it."""
     import typing
 
-    params = {n: p for n, p in inspect.signature(scheme.__init__).parameters.items() if n != "self"}
+    params = {n: p for n, p in _constructor_parameters(scheme).items() if n != "self"}
     if any(p.kind is p.VAR_KEYWORD for p in params.values()):
         return
     unknown = sorted(set(kwargs) - set(params))
@@ -131,6 +139,12 @@ def check_norm_args(scheme: type[NormScheme], kwargs: dict[str, Any]) -> None:
     ]
     if wrong:
         raise TypeError(f"norm {scheme.name!r} argument(s) of the wrong type: {'; '.join(wrong)}")
+
+
+@functools.cache
+def _constructor_parameters(cls: type) -> Mapping[str, inspect.Parameter]:
+    """A scheme class's constructor parameters, read once per class (the one place a signature is read)."""
+    return inspect.signature(cls.__init__).parameters
 
 
 def _matches(value: Any, hint: Any) -> bool:
@@ -158,12 +172,6 @@ def _matches(value: Any, hint: Any) -> bool:
 
 def _type_name(hint: Any) -> str:
     return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
-
-
-def second_moment(x: torch.Tensor) -> torch.Tensor:
-    """Per-token uncentered second moment ``mean(x^2)`` over the last dim, at least float32. Shape [..., 1]."""
-    dtype = torch.promote_types(x.dtype, torch.float32)
-    return x.to(dtype).pow(2).mean(dim=-1, keepdim=True)
 
 
 class BlockNorms(nn.Module):
@@ -343,7 +351,7 @@ class NormScheme:
     """Base class of a registered normalization scheme.
 
     Subclasses take their hyperparameters as typed constructor arguments, store each under an
-    attribute of the same name (so ``hparams()`` can rebuild them) and validate them in
+    attribute of the same name (so ``hparams()`` can rebuild them from the instance) and validate them in
     ``__init__`` through ``_raise_if``. They implement ``block_norms``, and override
     ``final_norm``/``embedding_norm`` where they differ from the defaults. Arguments that are facts
     about the training run (BHyT's ``seq_len``) are listed in ``run_facts``, default to ``None`` and
@@ -356,9 +364,11 @@ class NormScheme:
     weights train (BHyT's ``c``); training then adds the refresh callback automatically."""
     run_facts: ClassVar[tuple[str, ...]] = ()
     """Constructor arguments that are facts about the training run rather than choices (BHyT's
-    ``seq_len``, the ``T`` of its constant ``c``). Each one is ``None`` until bound; every entry point
-    (CLI, ``LlamaLM``, study, bench, scripts, fine-tuning) supplies them through ``bind`` and never
-    inspects constructor signatures (docs/method.md, section 9)."""
+    ``seq_len``, the ``T`` of its constant ``c``). Each one defaults to ``None`` until bound. Declaring a
+    fact here is all a scheme does: every entry point (CLI, ``LlamaLM``, fine-tuning, study, bench,
+    scripts) builds its config with ``bhyt_pl.run_config.build_run_config`` and passes every fact it knows
+    about its run (the data module's ``run_facts()``: ``seq_len``, ``batch_size``); the scheme takes the ones it
+    declares (docs/method.md, section 9). There is no central list of facts."""
 
     def block_norms(self, dim: int, layer_idx: int, n_layers: int) -> BlockNorms:
         """Build the norms of block ``layer_idx`` (0-based) of ``n_layers``, width ``dim``."""
@@ -366,8 +376,6 @@ class NormScheme:
 
     def final_norm(self, dim: int, n_layers: int) -> nn.Module:
         """The norm after the last block (RMSNorm unless a scheme says otherwise)."""
-        from bhyt_pl.norms.rmsnorm import RMSNorm
-
         return RMSNorm(dim, eps=1e-5)
 
     def embedding_norm(self, dim: int) -> nn.Module:
@@ -407,8 +415,6 @@ class NormScheme:
     ) -> AttentionNorms:
         """The norms inside one attention layer. By default ``LlamaConfig.qk_norm`` decides: none,
         per-head RMSNorms (``"head"``, gains ``[hd]``) or OLMo 2's full-width ones (``"full"``)."""
-        from bhyt_pl.norms.rmsnorm import RMSNorm
-
         if qk_norm is None:
             return AttentionNorms(nn.Identity(), nn.Identity(), nn.Identity())
         if qk_norm == "head":
@@ -435,9 +441,6 @@ class NormScheme:
             >>> build_norm_scheme("rmsnorm").bind(seq_len=256)
             RMSNormScheme(eps=1e-05)
         """
-        unknown = sorted(set(facts) - set(RUN_FACTS))
-        if unknown:
-            raise TypeError(f"unknown run fact(s) {unknown}; run facts: {', '.join(RUN_FACTS)}")
         values = {k: facts[k] for k in self.run_facts if facts.get(k) is not None}
         if all(getattr(self, k) == v for k, v in values.items()):
             return self
@@ -460,7 +463,7 @@ class NormScheme:
 
     def hparams(self) -> dict[str, Any]:
         """Constructor arguments that rebuild this scheme: ``type(s)(**s.hparams())``."""
-        params = inspect.signature(type(self).__init__).parameters
+        params = _constructor_parameters(type(self))
         return {n: getattr(self, n) for n, p in params.items() if n != "self" and p.kind is p.POSITIONAL_OR_KEYWORD}
 
     def __repr__(self) -> str:

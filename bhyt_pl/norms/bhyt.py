@@ -1,6 +1,6 @@
 """BHyT, Bounded Hyperbolic Tanh (arXiv 2601.09719), and BHyT* with exact statistics.
 
-Spec sections 2-3. One site computes ``gamma * tanh(lambda * x / D(x))`` where the bound is
+docs/method.md, sections 2-3. One site computes ``gamma * tanh(lambda * x / D(x))`` where the bound is
 ``D = kappa * sqrt(m + eps)`` (``stat="rms"``, the released code) or
 ``D = kappa * sqrt(var + eps) + |mu|`` (``stat="meanstd"``, the paper's ideal form). By Chebyshev
 at least a fraction ``p`` of the coordinates satisfy ``|x_i| <= D``, so the tanh argument stays in
@@ -38,7 +38,7 @@ from torch import nn
 
 from bhyt_pl.norms.base import BlockNorms, NormScheme, register_norm
 from bhyt_pl.norms.rmsnorm import IMPLS, RMSNorm
-from bhyt_pl.parallelize import full_tensor
+from bhyt_pl.tensors import full_tensor
 
 __all__ = [
     "IMPLS",

@@ -50,6 +50,7 @@ from bhyt_pl.callbacks import DepthStatsCollector
 from bhyt_pl.callbacks.layer_metrics import layer_key, layer_series, layer_width, split_layer_key
 from bhyt_pl.callbacks.stability import StabilityMonitor
 from bhyt_pl.module import LlamaLM
+from bhyt_pl.run_config import data_run_facts
 
 __all__ = [
     "TRAJECTORY_STATS",
@@ -483,7 +484,7 @@ def run_one(
             overrides=dict(spec.overrides),
             norm=spec.norm,
             norm_args=dict(spec.norm_args),
-            seq_len=datamodule.seq_len,
+            run_facts=data_run_facts(datamodule),
             tokenizer=datamodule.tokenizer,
             lr=spec.lr,
             min_lr_ratio=spec.min_lr_ratio,

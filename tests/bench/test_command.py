@@ -23,7 +23,7 @@ from bhyt_pl.bench.memory import measure_step_peak, saved_activation_bytes
 from bhyt_pl.bench.models import build_model, litgpt_available, litgpt_peer
 from bhyt_pl.bench.report import ratio_markdown
 from bhyt_pl.bench.timing import interleaved, paired_ratio
-from bhyt_pl.bench.variants import parse_variant
+from bhyt_pl.variants import parse_variant
 
 
 @pytest.fixture(scope="module")
