@@ -37,6 +37,8 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from bhyt_pl.callbacks.checkpointing import RunCheckpoint, StoppedByCtrlC
 from bhyt_pl.errors import UsageError
 from bhyt_pl.module import LlamaLM
+from bhyt_pl.run_config import data_run_facts
+from bhyt_pl.runs import run_loggers
 
 __all__ = ["BHyTCLI", "default_run_name", "main"]
 
@@ -46,17 +48,14 @@ TOOLS = {
     "study": "bhyt_pl.study",
     "consolidate": "bhyt_pl.checkpoint_io",
     "export": "bhyt_pl.convert",
+    "compare": "bhyt_pl.compare",
 }
 """Subcommands that are not Lightning's: each module exposes ``main(argv) -> int``."""
 
 
 def _data_seq_len(data: Any) -> int | None:
-    """Training sequence length of any data module (``seq_len`` for C4, ``max_seq_len`` for LIMA)."""
-    for name in ("seq_len", "max_seq_len"):
-        value = getattr(data, name, None)
-        if isinstance(value, int):
-            return value
-    return None
+    """The training sequence length the data module declares among its run facts (``RunFactsSource``)."""
+    return data_run_facts(data).get("seq_len")
 
 
 def _data_tokenizer(data: Any) -> str | None:
@@ -186,7 +185,10 @@ class BHyTCLI(LightningCLI):
         )
         parser.add_lightning_class_args(LearningRateMonitor, "lr_monitor")
         parser.set_defaults({"lr_monitor.logging_interval": "step"})
+        # the data module's declared run facts (docs/method.md, section 9): every one to the model, which
+        # builds its config with ``build_run_config``; seq_len also on its own, as LlamaLM records it
         parser.link_arguments("data", "model.seq_len", compute_fn=_data_seq_len, apply_on="instantiate")
+        parser.link_arguments("data", "model.run_facts", compute_fn=data_run_facts, apply_on="instantiate")
         parser.link_arguments("data", "model.tokenizer", compute_fn=_data_tokenizer, apply_on="instantiate")
 
     def _subcommand_config(self) -> Namespace:
@@ -239,7 +241,7 @@ class BHyTCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         cfg = self._subcommand_config()
         run_dir = self._run_dir(cfg)
-        if cfg.trainer.logger is None or cfg.trainer.logger is True:
+        if cfg.trainer.logger is not False:
             logger_args: dict[str, Any] = {"save_dir": cfg.runs_dir, "name": run_dir.name}
             resumed = _resumed_run_version(cfg.get("ckpt_path")) if self.subcommand == "fit" else None
             if resumed is not None:  # a resume continues its version folder: one run, one TensorBoard curve
@@ -247,7 +249,11 @@ class BHyTCLI(LightningCLI):
                 if runs_dir == Path(cfg.runs_dir).absolute():
                     runs_dir = Path(cfg.runs_dir)  # paths printed as for the fresh run (relative stays relative)
                 logger_args = {"save_dir": str(runs_dir), "name": name, "version": version}
-            cfg.trainer.logger = {"class_path": "bhyt_pl.runs.RunLogger", "init_args": logger_args}
+            run_logger = {"class_path": "bhyt_pl.runs.RunLogger", "init_args": logger_args}
+            if cfg.trainer.logger is None or cfg.trainer.logger is True:
+                cfg.trainer.logger = run_logger
+            else:  # a recipe's own loggers (recipes/loggers/*.yaml), beside the run folder's TensorBoard log
+                cfg.trainer.logger = run_loggers(cfg.trainer.logger, run_logger, cfg.runs_dir, run_dir.name)
         if cfg.checkpoint.dirpath is None and cfg.trainer.logger is False:
             cfg.checkpoint.dirpath = str(run_dir / "checkpoints")  # no version folders without a logger
         callbacks = list(cfg.trainer.callbacks or [])
