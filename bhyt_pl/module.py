@@ -250,6 +250,12 @@ class LlamaLM(L.LightningModule):
         out = self(batch["input_ids"], labels=batch["labels"])
         return out.loss, out.tokens
 
+    def expected_flops_per_batch(self, batch_size: int) -> float:
+        """Training FLOPs of a batch of ``batch_size`` rows of ``seq_len`` tokens: what ``flops_per_batch``
+        becomes at the first full batch (shown by the model summary before training)."""
+        seq_len = self.hparams.seq_len
+        return batch_size * seq_len * training_flops_per_token(self.config, seq_len)
+
     def _update_flops(self, batch: dict[str, torch.Tensor]) -> None:
         shape = tuple(batch["input_ids"].shape)
         if shape != self._flops_shape:

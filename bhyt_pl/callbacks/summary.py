@@ -3,7 +3,7 @@
 Lightning's summary counts FLOPs by running ``example_input_array`` through the model, which
 ``LlamaLM`` does not set (a forward of a large model at start-up would cost time and memory), so it
 printed ``0 Total Flops``. This one prints the analytic training FLOPs of one device's batch, the
-``flops_per_batch`` behind ``train/flops_per_sec`` and MFU (``bhyt_pl.module.training_flops_per_token``).
+``flops_per_batch`` behind ``train/flops_per_sec`` and MFU (``LlamaLM.expected_flops_per_batch``).
 """
 
 from __future__ import annotations
@@ -24,16 +24,14 @@ log = logging.getLogger("lightning.pytorch.callbacks.model_summary")
 
 
 def training_flops_per_batch(trainer: L.Trainer, pl_module: L.LightningModule) -> float | None:
-    """Training FLOPs (forward + backward) of one device's batch of a ``LlamaLM``: batch size x sequence
-    length x ``training_flops_per_token``; None when the module or the data module does not say."""
-    from bhyt_pl.module import LlamaLM, training_flops_per_token
-
-    data = trainer.datamodule
-    batch_size = getattr(data, "batch_size", None)
-    seq_len = getattr(getattr(pl_module, "hparams", None), "seq_len", None)
-    if not isinstance(pl_module, LlamaLM) or not isinstance(batch_size, int) or not isinstance(seq_len, int):
+    """Training FLOPs (forward + backward) of one device's batch, from the module's
+    ``expected_flops_per_batch(batch_size)`` (``LlamaLM``) and the data module's ``batch_size``; None when
+    either does not say."""
+    expected = getattr(pl_module, "expected_flops_per_batch", None)
+    batch_size = getattr(trainer.datamodule, "batch_size", None)
+    if not callable(expected) or not isinstance(batch_size, int):
         return None
-    return batch_size * seq_len * training_flops_per_token(pl_module.config, seq_len)
+    return float(expected(batch_size))
 
 
 class _WithFlops(Summary):
