@@ -409,39 +409,62 @@ class _SkipBlock(nn.Module):
         return x
 
 
+class _CachedBlock(nn.Module):
+    """A block whose output on this batch is already known: returns it without recomputing."""
+
+    def __init__(self, output: torch.Tensor) -> None:
+        super().__init__()
+        self.output = output
+
+    def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return self.output
+
+
 @torch.no_grad()
-def _mean_loss(model: nn.Module, batches: list[dict[str, torch.Tensor]]) -> float:
-    """Token-weighted mean next-token cross-entropy (as ``LlamaLM.compute_loss``) over ``batches``."""
+def _loss_sum(model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[float, int]:
+    """Summed next-token cross-entropy (as ``LlamaLM.compute_loss``) over ``batch`` and the token count."""
     device = next(model.parameters()).device
-    total, count = 0.0, 0
-    for batch in batches:
-        labels = batch["labels"].to(device)
-        logits = model(batch["input_ids"].to(device))
-        total += float(
-            F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100, reduction="sum")
-        )
-        count += int((labels != -100).sum())
-    return total / max(count, 1)
+    labels = batch["labels"].to(device)
+    logits = model(batch["input_ids"].to(device))
+    total = float(F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100, reduction="sum"))
+    return total, int((labels != -100).sum())
 
 
 @torch.no_grad()
 def layer_importance(module: LlamaLM, batches: list[dict[str, torch.Tensor]]) -> tuple[float, list[float]]:
     """The full model's validation loss and, for every block ``i``, the loss with block ``i`` replaced by the
-    identity minus that loss (one block at a time, eval mode). Small values: the block does little."""
+    identity minus that loss (one block at a time, eval mode). Small values: the block does little.
+
+    Blocks before ``i`` see exactly the inputs of the full forward, so their outputs are taken from it
+    rather than recomputed: half the block evaluations of ``L`` full forwards, with the same numbers.
+    """
     model = module.model
     was_training = model.training
     model.eval()
+    blocks = list(model.layers)
+    n = len(blocks)
+    base_total, count, totals = 0.0, 0, [0.0] * n
     try:
-        base = _mean_loss(model, batches)
-        deltas = []
-        for i in range(len(model.layers)):
-            block = model.layers[i]
-            model.layers[i] = _SkipBlock()
+        for batch in batches:
+            outputs: list[torch.Tensor] = []
+            handles = [b.register_forward_hook(lambda m, a, out: outputs.append(out)) for b in blocks]
             try:
-                deltas.append(_mean_loss(model, batches) - base)
+                loss, tokens = _loss_sum(model, batch)
             finally:
-                model.layers[i] = block
-        return base, deltas
+                for handle in handles:
+                    handle.remove()
+            base_total, count = base_total + loss, count + tokens
+            for i in range(n):
+                for j in range(i):
+                    model.layers[j] = _CachedBlock(outputs[j])
+                model.layers[i] = _SkipBlock()
+                try:
+                    totals[i] += _loss_sum(model, batch)[0]
+                finally:
+                    for j in range(i + 1):
+                        model.layers[j] = blocks[j]
+        base = base_total / max(count, 1)
+        return base, [t / max(count, 1) - base for t in totals]
     finally:
         model.train(was_training)
 
