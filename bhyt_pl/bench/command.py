@@ -18,6 +18,7 @@ from bhyt_pl.bench.memory import STEP_SIDES, saved_activation_bytes, step_peak_m
 from bhyt_pl.bench.models import build_model, compile_blocks, hf_peer, litgpt_available, litgpt_peer
 from bhyt_pl.bench.report import PAPER, markdown, throughput_entries, time_entries
 from bhyt_pl.bench.sites import block_norms, memory_bandwidth, site_bytes, site_step
+from bhyt_pl.bench.study_run import study_run_markdown, study_run_table
 from bhyt_pl.bench.tanh import tanh_table
 from bhyt_pl.bench.timing import interleaved, machine_info, median, synchronizer
 from bhyt_pl.bench.train_step import train_step
@@ -27,7 +28,9 @@ __all__ = ["PARTS", "PEER", "main", "parser", "run"]
 
 log = logging.getLogger(__name__)
 
-PARTS = ("sites", "tanh", "train", "generate", "memory", "step_memory")
+PARTS = ("sites", "tanh", "train", "generate", "memory", "step_memory", "study_run")
+DEFAULT_PARTS = PARTS[:-1]
+"""``study_run`` (minutes per run) only when asked for: ``--parts study_run``."""
 PEER = "hf_transformers"
 LITGPT = "litgpt"
 """The optional training-step peer (litgpt's ``GPT``), timed when litgpt is installed."""
@@ -83,7 +86,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--mem-layers", type=int, default=2, help="step_memory: the preset cut to this many layers")
     p.add_argument("--mem-batch", type=int, default=2, help="step_memory: sequences per step")
     p.add_argument("--mem-seq-len", type=int, default=1024, help="step_memory: tokens per sequence")
-    p.add_argument("--parts", default=",".join(PARTS), help=f"subset of {','.join(PARTS)}")
+    p.add_argument("--study-steps", type=int, default=None, help="study_run: steps per run (default: the study's, 180)")
+    p.add_argument("--study-repeats", type=int, default=2, help="study_run: runs per scheme and path")
+    p.add_argument(
+        "--parts",
+        default=",".join(DEFAULT_PARTS),
+        help=f"subset of {','.join(PARTS)} (study_run: rmsnorm and bhyt)",
+    )
     p.add_argument(
         "--peers",
         action=argparse.BooleanOptionalAction,
@@ -126,6 +135,8 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         "mem_overrides": {"n_layers": args.mem_layers},
         "mem_batch": args.mem_batch,
         "mem_seq_len": args.mem_seq_len,
+        "study_steps": args.study_steps,
+        "study_repeats": args.study_repeats,
         "attn_implementation": "sdpa (torch.nn.functional.scaled_dot_product_attention) in both",
         "compile_path": "torch.compile of each block in place (Block.compile(dynamic=False)); generation: "
         "Llama.generate(compile=True), one compiled decode step over a static cache",
@@ -149,7 +160,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(settings, indent=2))
         return 0
     results = run(settings)
-    print(markdown(results))
+    if set(settings["parts"]) - {"study_run"}:
+        print(markdown(results))
+    if "study_run" in results:
+        print(study_run_markdown(results["study_run"]))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=2))
     print(f"wrote {args.json}")
@@ -165,9 +179,17 @@ def run(settings: dict[str, Any]) -> dict[str, Any]:
     limits = {k: getattr(dynamo, k) for k in ("recompile_limit", "cache_size_limit") if hasattr(dynamo, k)}
     try:
         torch.set_num_threads(settings["threads"])
+        if "study_run" in settings["parts"]:  # first, with the study's own dynamo limits
+            names = [v for v in settings["schemes"] if v in ("rmsnorm", "bhyt")] or settings["schemes"][:2]
+            study = study_run_table(names, settings["study_steps"], settings["study_repeats"])
+            if settings["parts"] == ["study_run"]:
+                return {"machine": machine_info(torch.device("cpu")), "settings": settings, "study_run": study}
         for k in limits:  # one compiled graph per scheme and shape: far more than the default 8
             setattr(dynamo, k, 512)
-        return _run(settings, device, dtype)
+        results = _run(settings, device, dtype)
+        if "study_run" in settings["parts"]:
+            results["study_run"] = study
+        return results
     finally:
         torch.set_num_threads(threads)
         for k, v in limits.items():
