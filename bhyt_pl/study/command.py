@@ -188,7 +188,7 @@ def parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=False,
         help="torch.compile each block of every run (losses within runner.COMPILE_LOSS_TOLERANCE of eager; "
-        "docs/depth_study.md, 'Run time', says when it pays)",
+        "docs/performance.md, 'Study run', says when it pays)",
     )
     hw.add_argument("--threads", type=int, default=None, help="torch CPU threads with --workers 1 (default: torch's)")
     hw.add_argument("--progress-bar", action="store_true", help="show Lightning's progress bar")

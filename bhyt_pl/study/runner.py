@@ -55,6 +55,7 @@ __all__ = [
     "COMPILE_LOSS_TOLERANCE",
     "TRAJECTORY_STATS",
     "DivergenceMonitor",
+    "EagerLoggingSteps",
     "MemoryLogger",
     "RunResult",
     "RunSpec",
@@ -129,7 +130,7 @@ class TrainerSettings:
 
     Args:
         compile: ``torch.compile`` each block (``LlamaLM(compile=True)``). Per-step losses stay within
-            ``COMPILE_LOSS_TOLERANCE`` of the eager run (docs/depth_study.md, "Run time").
+            ``COMPILE_LOSS_TOLERANCE`` of the eager run (docs/performance.md, "Study run").
     """
 
     accelerator: str = "cpu"
@@ -272,9 +273,11 @@ def _robust_hooks(model: nn.Module, out: dict[str, float], width: int) -> list[A
 
 
 @torch.no_grad()
+@torch.compiler.set_stance("force_eager")  # hooks inside compiled blocks would break and recompile their graphs
 def depth_statistics(module: LlamaLM, batch: dict[str, torch.Tensor]) -> dict[str, float]:
     """``DepthStatsCollector`` statistics of ``module``'s Llama on one batch, in eval mode, plus the robust
-    magnitudes ``median_magnitude`` and ``magnitude_top2_removed`` (module docstring).
+    magnitudes ``median_magnitude`` and ``magnitude_top2_removed`` (module docstring). Compiled blocks run
+    eagerly here: one forward, and the hooks see exactly what an eager run's do.
 
     Returns:
         ``{"magnitude/layer_00": value, "variance/layer_00": ..., ...}``.
@@ -348,6 +351,42 @@ class TrajectoryRecorder(L.Callback):
         step = trainer.global_step
         if step % self.every_n_steps == 0 and step < trainer.max_steps and not trainer.should_stop:
             self.points.append(trajectory_point(step, depth_statistics(pl_module, self.batch)))
+
+
+class EagerLoggingSteps(L.Callback):
+    """Runs StabilityMonitor's logging steps eagerly when the blocks are compiled: its block hooks (added on
+    those steps only) would otherwise make every compiled block recompile, each time, with graph breaks.
+
+    Args:
+        monitor: the StabilityMonitor whose ``should_log(step)`` picks the steps.
+    """
+
+    def __init__(self, monitor: StabilityMonitor) -> None:
+        self.monitor = monitor
+        self._eager = False
+
+    @override
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self.monitor.should_log(trainer.global_step + 1):
+            torch.compiler.set_stance("force_eager")
+            self._eager = True
+
+    @override
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._restore()
+
+    @override
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._restore()  # a fit that stops mid-step (an exception) leaves no stance behind
+
+    def _restore(self) -> None:
+        if self._eager:
+            torch.compiler.set_stance("default")
+            self._eager = False
 
 
 class MemoryLogger(Logger):
@@ -443,6 +482,7 @@ def _loss_sum(model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[float, 
 
 
 @torch.no_grad()
+@torch.compiler.set_stance("force_eager")  # blocks swapped in and out: no graphs to trace for one forward each
 def layer_importance(module: LlamaLM, batches: list[dict[str, torch.Tensor]]) -> tuple[float, list[float]]:
     """The full model's validation loss and, for every block ``i``, the loss with block ``i`` replaced by the
     identity minus that loss (one block at a time, eval mode). Small values: the block does little.
@@ -555,14 +595,13 @@ def run_one(
             recorder.points.append(trajectory_point(0, result.depth_init))
         callbacks: list[L.Callback] = [monitor] + ([recorder] if recorder is not None else [])
         if spec.stability_every > 0:
-            callbacks.append(
-                StabilityMonitor(
-                    every_n_steps=spec.stability_every,
-                    figures=False,
-                    spike_window=spec.spike_window,
-                    spike_min_history=max(2, spec.spike_window // 2),
-                )
+            stability = StabilityMonitor(
+                every_n_steps=spec.stability_every,
+                figures=False,
+                spike_window=spec.spike_window,
+                spike_min_history=max(2, spec.spike_window // 2),
             )
+            callbacks += [stability, EagerLoggingSteps(stability)] if settings.compile else [stability]
         logger = CSVLogger(out_dir / "runs", name=run_dirname(spec.label), version="logs")  # runs/<label>/logs/
         result.log_dir = str(Path(logger.log_dir).relative_to(out_dir))
         trainer = L.Trainer(
@@ -600,7 +639,8 @@ def run_one(
                 enable_model_summary=False,
             )
             loader = torch.utils.data.DataLoader(val_batches, batch_size=None)
-            metrics = validator.validate(module, dataloaders=loader, verbose=False)[0]
+            with torch.compiler.set_stance("force_eager"):  # a few forwards: not worth an inference graph
+                metrics = validator.validate(module, dataloaders=loader, verbose=False)[0]
             result.val_loss = float(metrics["val/loss"])
             result.val_perplexity = float(metrics["val/perplexity"])
             if spec.importance:

@@ -3,13 +3,17 @@ against full forwards with a block removed, and the fast training path against t
 
 from __future__ import annotations
 
+from functools import partial
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from bhyt_pl.module import LlamaLM
-from bhyt_pl.study.runner import layer_importance
+from bhyt_pl.study import command
+from bhyt_pl.study.runner import COMPILE_LOSS_TOLERANCE, RunSpec, TrainerSettings, layer_importance, run_one
 
 
 def _module(norm: str) -> LlamaLM:
@@ -59,3 +63,39 @@ def test_layer_importance_matches_full_forwards_without_each_block() -> None:
     assert base == pytest.approx(ref_base, rel=1e-5)
     assert deltas == pytest.approx(ref_deltas, rel=1e-3, abs=1e-5)
     assert min(abs(d) for d in deltas) > 1e-2  # every block matters: the comparison is not of zeros
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("norm", ["rmsnorm", "bhyt"])
+def test_compiled_run_matches_the_eager_run_within_the_documented_tolerance(norm: str, tmp_path: Path) -> None:
+    from torch._dynamo.utils import counters
+
+    args = command.parser().parse_args(["--quick", "--seq-len", "32", "--batch-size", "2", "--shuffle-buffer", "4"])
+    budget, _ = command.resolve(args)
+    factory = partial(command.make_datamodule, args, budget)
+    batches = command.fixed_batches(factory(42), 1)
+    spec = RunSpec(
+        label=norm,
+        norm=norm,
+        overrides={"n_layers": 2},
+        steps=8,
+        lr=1e-2,
+        trajectory_every=4,
+        stability_every=4,
+        spike_window=4,
+        importance=True,
+    )
+    eager = run_one(spec, factory, batches, TrainerSettings(), tmp_path / "eager")
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = run_one(spec, factory, batches, TrainerSettings(compile=True), tmp_path / "compiled")
+    assert counters["stats"]["unique_graphs"] >= 1  # the compiled path did compile
+    assert eager.status == compiled.status == "ok", (eager.error, compiled.error)
+    steps = [s for s, _ in eager.losses]
+    assert steps == [s for s, _ in compiled.losses] and len(steps) == spec.steps
+    assert eager.losses[-1][1] < eager.losses[0][1] - 0.05  # it trains: the losses compared move
+    for (step, a), (_, b) in zip(eager.losses, compiled.losses, strict=True):
+        assert abs(a - b) <= COMPILE_LOSS_TOLERANCE, f"step {step}: eager {a}, compiled {b}"
+    assert abs(eager.val_loss - compiled.val_loss) <= COMPILE_LOSS_TOLERANCE
+    assert len(compiled.trajectory) == len(eager.trajectory) == 3  # steps 0, 4 and the end
+    assert compiled.importance == pytest.approx(eager.importance, abs=COMPILE_LOSS_TOLERANCE)
