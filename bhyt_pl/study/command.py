@@ -101,6 +101,11 @@ SWEEP = Budget("deep-32x128", None, 100, 64, 8, 2, (1e-2, 3e-2, 1e-1), 1, 0, dep
 SWEEP_QUICK = Budget("deep-32x128", None, 40, 64, 4, 1, (1e-2, 1e-1, 1.0), 1, 0, depths=(4, 16))
 
 
+COMPILE_DEFAULT = False
+"""Study runs are eager unless ``--compile``: at the default study's 180 steps on CPU the blocks' compile costs
+more than it saves (docs/performance.md, "Study run")."""
+
+
 class _Removed(argparse.Action):
     """A removed flag: parsing fails with the name of its replacement."""
 
@@ -186,7 +191,7 @@ def parser() -> argparse.ArgumentParser:
     hw.add_argument(
         "--compile",
         action=argparse.BooleanOptionalAction,
-        default=False,
+        default=COMPILE_DEFAULT,
         help="torch.compile each block of every run (losses within runner.COMPILE_LOSS_TOLERANCE of eager; "
         "docs/performance.md, 'Study run', says when it pays)",
     )

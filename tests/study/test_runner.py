@@ -99,3 +99,18 @@ def test_compiled_run_matches_the_eager_run_within_the_documented_tolerance(norm
     assert abs(eager.val_loss - compiled.val_loss) <= COMPILE_LOSS_TOLERANCE
     assert len(compiled.trajectory) == len(eager.trajectory) == 3  # steps 0, 4 and the end
     assert compiled.importance == pytest.approx(eager.importance, abs=COMPILE_LOSS_TOLERANCE)
+
+
+def test_workers_default_to_the_cpus_this_process_may_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(command.os, "sched_getaffinity", lambda pid: {0, 3, 5}, raising=False)
+    assert command.default_workers() == 3
+    assert command.parser().parse_args([]).workers == 3
+    monkeypatch.delattr(command.os, "sched_getaffinity")
+    monkeypatch.setattr(command.os, "cpu_count", lambda: None)
+    assert command.default_workers() == 1
+
+
+def test_compile_flag_defaults_and_switches() -> None:
+    assert command.parser().parse_args([]).compile is command.COMPILE_DEFAULT
+    assert command.parser().parse_args(["--compile"]).compile is True
+    assert command.parser().parse_args(["--no-compile"]).compile is False
