@@ -181,7 +181,7 @@ def test_study_binds_its_sequence_length(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setattr(runner, "LlamaLM", recording)
     tiny = ["--quick", "--layers", "2", "--steps", "1", "--seq-len", "24", "--batch-size", "2", "--val-batches", "1",
             "--seeds", "1", "--lrs", "3e-3", "--no-importance"]  # fmt: skip
-    argv = [*tiny, "--shuffle-buffer", "4", "--workers", "1", "--schemes", "bhyt"]  # in this process: patched
+    argv = [*tiny, "--shuffle-buffer", "4", "--workers", "1", "--no-compile", "--schemes", "bhyt"]  # in-process
     assert main([*argv, "--out", str(tmp_path / "study")]) == 0
     (lm,) = built
     assert lm.config.norm_args["seq_len"] == 24

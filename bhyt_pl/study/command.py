@@ -101,9 +101,9 @@ SWEEP = Budget("deep-32x128", None, 100, 64, 8, 2, (1e-2, 3e-2, 1e-1), 1, 0, dep
 SWEEP_QUICK = Budget("deep-32x128", None, 40, 64, 4, 1, (1e-2, 1e-1, 1.0), 1, 0, depths=(4, 16))
 
 
-COMPILE_DEFAULT = False
-"""Study runs are eager unless ``--compile``: at the default study's 180 steps on CPU the blocks' compile costs
-more than it saves (docs/performance.md, "Study run")."""
+COMPILE_DEFAULT = True
+"""Study runs compile each block unless ``--no-compile``: a default run (180 steps) took 0.74x the eager run's
+wall time on 2 CPU cores, the first compile included (docs/performance.md, "Study run")."""
 
 
 class _Removed(argparse.Action):
@@ -192,8 +192,8 @@ def parser() -> argparse.ArgumentParser:
         "--compile",
         action=argparse.BooleanOptionalAction,
         default=COMPILE_DEFAULT,
-        help="torch.compile each block of every run (losses within runner.COMPILE_LOSS_TOLERANCE of eager; "
-        "docs/performance.md, 'Study run', says when it pays)",
+        help="torch.compile each block of every run; --no-compile: eager, as study v2 ran (docs/performance.md, "
+        "'Study run': speed-up and how far the losses may differ)",
     )
     hw.add_argument("--threads", type=int, default=None, help="torch CPU threads with --workers 1 (default: torch's)")
     hw.add_argument("--progress-bar", action="store_true", help="show Lightning's progress bar")

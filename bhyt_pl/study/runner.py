@@ -573,6 +573,10 @@ def run_one(
     memory = MemoryLogger()
     started = time.perf_counter()
     try:
+        if settings.compile:
+            # each run traces its own graphs (compiled kernels come from the Inductor cache on disk): a run does not
+            # depend on what ran before it, and a worker's many schemes never reach dynamo's recompile limit
+            torch.compiler.reset()
         L.seed_everything(spec.seed, verbose=False)
         datamodule = datamodule_factory(spec.data_seed)
         module = LlamaLM(
