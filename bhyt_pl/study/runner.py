@@ -69,9 +69,11 @@ __all__ = [
 ]
 
 COMPILE_LOSS_TOLERANCE = 2e-3
-"""Largest absolute difference allowed between a compiled and an eager run's training loss at any step and
-their final validation loss (same seed, data and spec; tests/study/test_runner.py): float32 kernels that fuse
-and reorder sums differ by ~1e-6 per step, and training amplifies that over the steps."""
+"""Largest absolute difference between a compiled and an eager run's training loss at any step, and their
+validation loss, over a short run (same seed, data and spec; 8 steps in tests/study/test_runner.py). Inductor's
+fused float32 kernels round differently, and training amplifies that step by step: over the default study's
+180 steps the two paths end like two nearby trajectories, not like two seeds (docs/performance.md, "Study
+run": validation losses 0.009 apart where seeds spread 0.04)."""
 
 TRAJECTORY_STATS = ("magnitude", "variance", "median_magnitude", "magnitude_top2_removed", "saturation")
 """Per-layer statistics kept at every trajectory point (``saturation``: mean over the tanh sites)."""
