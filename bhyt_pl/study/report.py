@@ -14,11 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bhyt_pl.callbacks.layer_metrics import layer_series, split_layer_key
 from bhyt_pl.study import stats
-from bhyt_pl.study.runner import RunResult, layer_series, log_slope
+from bhyt_pl.study.runner import RunResult, log_slope
 
 __all__ = [
     "GROUP_COLUMNS",
+    "ROLES",
     "Claim",
     "bound_table",
     "claims",
@@ -51,6 +53,28 @@ GROUP_COLUMNS = (
     "tanh saturation",
 )
 """Columns of the per-scheme table (``group_table``): mean [95% CI] (min-max) over seeds where numeric."""
+
+ROLES: dict[str, str] = {
+    "BHyT": "bhyt",
+    "BHyT*": "bhyt_exact",
+    "RMSNorm": "rmsnorm",
+    "LayerNorm": "layernorm",
+    "LNS": "lns",
+    "Peri-LN": "peri_ln",
+    "DyT": "dyt",
+}
+"""The roles of the paper's claims and the registered scheme that plays each: the one place the report
+names schemes; a study group plays the role of its ``norm``."""
+
+BHYT_FAMILY = ("BHyT", "BHyT*")
+"""Roles whose groups get the approximation table and the variance-theorem claim."""
+
+_ROLE_OF_NORM = {norm: role for role, norm in ROLES.items()}
+
+
+def _role(group: Any) -> str | None:
+    """The role a study group plays in the claims (``ROLES``), None for other schemes."""
+    return _ROLE_OF_NORM.get(group.norm)
 
 
 def _num(value: float | None, digits: int = 3) -> str:
@@ -425,8 +449,8 @@ def approximation_table(results: Sequence[RunResult], groups: Sequence[Any], cho
     """Where BHyT and BHyT* part: per BHyT-family group, site B's approximated over exact second moment
     (``bhyt_moment_ratio``; 1 = exact) in the first 4 layers and the rest, over positions 0-7 and later, and
     the last-layer magnitude and variance as a ratio to BHyT*'s (seed-paired, exp of the mean ln ratio)."""
-    star = next((g for g in groups if g.norm == "bhyt_exact"), None)
-    family = [g for g in groups if g.norm in ("bhyt", "bhyt_exact")]
+    star = _find(groups, "BHyT*")
+    family = [g for g in groups if _role(g) in BHYT_FAMILY]
     if not family:
         return "(no BHyT run)"
 
@@ -444,7 +468,11 @@ def approximation_table(results: Sequence[RunResult], groups: Sequence[Any], cho
             """Mean over the layers ``lo <= i < hi`` (0-based) that have the statistic, then over seeds."""
             per_run = []
             for r in runs:
-                layers = {int(k.rsplit("_", 1)[1]): v for k, v in r.depth_final.items() if k.startswith(stat + "/")}
+                layers = {
+                    split[1]: v
+                    for k, v in r.depth_final.items()
+                    if (split := split_layer_key(k)) is not None and split[0] == stat
+                }
                 per_run.append(_mean([v for i, v in layers.items() if i >= lo and (hi is None or i < hi)]))
             return _num(_mean(per_run))
 
@@ -482,8 +510,9 @@ class Claim:
         return stats.seeds_needed(self.difference, self.room)
 
 
-def _find(groups: Sequence[Any], norm: str, predicate: Callable[[dict[str, Any]], bool] = lambda a: True) -> Any:
-    return next((g for g in groups if g.norm == norm and all(predicate(v.norm_args) for v in g.candidates)), None)
+def _find(groups: Sequence[Any], role: str, predicate: Callable[[dict[str, Any]], bool] = lambda a: True) -> Any:
+    """The first group playing ``role`` whose candidates' norm arguments all satisfy ``predicate``."""
+    return next((g for g in groups if _role(g) == role and all(predicate(v.norm_args) for v in g.candidates)), None)
 
 
 def claims(results: Sequence[RunResult], groups: Sequence[Any], chosen: dict[str, str]) -> list[Claim]:
@@ -504,13 +533,13 @@ def claims(results: Sequence[RunResult], groups: Sequence[Any], chosen: dict[str
         return stats.interval(stats.paired_differences(values(a, metric), values(b, metric)))
 
     plain = lambda a: "exact_layers" not in a  # noqa: E731
-    bhyt_groups = [g for g in groups if g.norm == "bhyt" and all(plain(v.norm_args) for v in g.candidates)]
+    bhyt_groups = [g for g in groups if _role(g) == "BHyT" and all(plain(v.norm_args) for v in g.candidates)]
     bhyt = bhyt_groups[0] if bhyt_groups else None
-    star = _find(groups, "bhyt_exact")
+    star = _find(groups, "BHyT*")
     exact_layers = next(
-        (g for g in groups if g.norm == "bhyt" and not all(plain(v.norm_args) for v in g.candidates)), None
+        (g for g in groups if _role(g) == "BHyT" and not all(plain(v.norm_args) for v in g.candidates)), None
     )
-    base = {name: _find(groups, name) for name in ("rmsnorm", "layernorm", "lns", "peri_ln", "dyt")}
+    base = {role: _find(groups, role) for role in ("RMSNorm", "LayerNorm", "LNS", "Peri-LN", "DyT")}
     out: list[Claim] = []
     if bhyt is not None:
         for stat in ("magnitude", "variance"):
@@ -527,8 +556,8 @@ def claims(results: Sequence[RunResult], groups: Sequence[Any], chosen: dict[str
                         )
                     )
         for g in bhyt_groups:
-            if base["rmsnorm"] is not None:
-                d = diff(g, base["rmsnorm"], "val_loss")
+            if base["RMSNorm"] is not None:
+                d = diff(g, base["RMSNorm"], "val_loss")
                 out.append(
                     Claim(
                         "BHyT's loss is no worse than RMSNorm's",
@@ -561,7 +590,7 @@ def claims(results: Sequence[RunResult], groups: Sequence[Any], chosen: dict[str
                         0.05 - abs(d.mean),
                     )
                 )
-    order = [bhyt, base["lns"], base["rmsnorm"], base["peri_ln"], base["dyt"]]
+    order = [bhyt, base["LNS"], base["RMSNorm"], base["Peri-LN"], base["DyT"]]
     names = ["BHyT", "LNS", "RMSNorm", "Peri-LN", "DyT"]
     for (a, na), (b, nb) in zip(zip(order, names), zip(order[1:], names[1:]), strict=False):
         if a is not None and b is not None:
@@ -575,13 +604,13 @@ def claims(results: Sequence[RunResult], groups: Sequence[Any], chosen: dict[str
                     -d.mean,
                 )
             )
-    if base["lns"] is not None:
-        for g in [x for x in groups if x.norm in ("bhyt", "bhyt_exact")]:
+    if base["LNS"] is not None:
+        for g in [x for x in groups if _role(x) in BHYT_FAMILY]:
             runs = group_runs(results, g.label, chosen.get(g.label))
             bound = next((r.variance_bound for r in runs if r.variance_bound), None)
             if not bound:
                 continue
-            d = diff(g, base["lns"], "variance")
+            d = diff(g, base["LNS"], "variance")
             k, n = bound["kappa"], bound["n_layers"]
             lam = max(bound["lambda_attn"], bound["lambda_mlp"])
             relation = "<" if bound["at_init"]["all"] else ">="
@@ -593,7 +622,7 @@ def claims(results: Sequence[RunResult], groups: Sequence[Any], chosen: dict[str
             out.append(
                 Claim(
                     f"theorem: BHyT variance below LNS's ({condition})",
-                    f"ln {g.label} - ln {base['lns'].label} (last-layer variance)",
+                    f"ln {g.label} - ln {base['LNS'].label} (last-layer variance)",
                     d,
                     verdict,
                     -d.mean,
