@@ -63,7 +63,8 @@ DEFAULT_SCHEMES = (
 """``rmsnorm`` is the reference; DyT over an alpha grid (its width-dependent alpha is untuned here); BHyT
 at lambda_attn 2 (released default) and 1 (the paper's text); BHyT with exact statistics in the first 4
 layers (the approximation ablation); BHyT* (exact everywhere). Any other registered scheme (``derf``,
-``dyisru``, ``seednorm``, ``post_ln``, ``mix_ln``, your own) runs with ``--schemes``."""
+``dyisru``, ``seednorm``, ``post_ln``, ``mix_ln``, ``reordered``, ``hybridnorm``, ``ssnorm``, ``gpas``, your own)
+runs with ``--schemes``."""
 
 REMOVED_FLAGS = {
     "--seed": "--seeds N (N seeds: 42, 43, ...; each seeds the initialisation and the data order)",
@@ -148,8 +149,18 @@ def parser() -> argparse.ArgumentParser:
         help=f"seeds per scheme (init and data order); default {FULL.seeds} (--sweep: {SWEEP.seeds})",
     )
     model.add_argument("--depths", type=int, nargs="+", default=None, help=f"sweep depths; default {SWEEP.depths}")
-    model.add_argument("--warmup-ratio", type=float, default=0.05, help="linear warmup fraction of the steps")
-    model.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay (matrices only)")
+    model.add_argument(
+        "--warmup-ratio",
+        type=float,
+        default=None,
+        help="linear warmup fraction of the steps; default the scheme's recipe (nGPT: none), else 0.05",
+    )
+    model.add_argument(
+        "--weight-decay",
+        type=float,
+        default=None,
+        help="AdamW weight decay (matrices only); default the scheme's recipe (nGPT: 0), else 0.1",
+    )
     model.add_argument("--grad-clip", type=float, default=1.0, help="gradient norm clip")
     model.add_argument(
         "--max-loss",

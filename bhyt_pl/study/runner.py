@@ -50,6 +50,7 @@ from bhyt_pl.callbacks import DepthStatsCollector
 from bhyt_pl.callbacks.layer_metrics import layer_key, layer_series, layer_width, split_layer_key
 from bhyt_pl.callbacks.stability import StabilityMonitor
 from bhyt_pl.module import LlamaLM
+from bhyt_pl.run_config import data_run_facts
 
 __all__ = [
     "COMPILE_LOSS_TOLERANCE",
@@ -98,7 +99,9 @@ class RunSpec:
         group: the scheme entry of the study this run belongs to (``--schemes`` text, grid values joined
             with ``|``); runs of one group differ in seed, learning rate or a grid value.
         max_loss: divergence bound on the training loss (NaN/inf always diverges).
-        warmup_ratio, min_lr_ratio, weight_decay, grad_clip: optimisation settings as in ``recipes/tiny.yaml``.
+        warmup_ratio, min_lr_ratio, weight_decay, grad_clip: optimisation settings as in ``recipes/tiny.yaml``;
+            ``warmup_ratio`` and ``weight_decay`` None take the scheme's recipe (``NormScheme.training_defaults``,
+            nGPT: no warmup, no decay) or ``LlamaLM``'s defaults, as ``LlamaLM`` resolves and logs them.
         trajectory_every: depth statistics every this many steps (and at step 0); 0: init and end only.
         stability_every: StabilityMonitor's per-layer statistics every this many steps (0: off).
         spike_window: StabilityMonitor's spike window (spikes count after ``spike_window // 2`` steps).
@@ -116,9 +119,9 @@ class RunSpec:
     data_seed: int = 42
     group: str = ""
     max_loss: float = 12.0
-    warmup_ratio: float = 0.05
+    warmup_ratio: float | None = None
     min_lr_ratio: float = 0.1
-    weight_decay: float = 0.1
+    weight_decay: float | None = None
     grad_clip: float = 1.0
     trajectory_every: int = 0
     stability_every: int = 0
@@ -562,7 +565,7 @@ def run_one(
             overrides=dict(spec.overrides),
             norm=spec.norm,
             norm_args=dict(spec.norm_args),
-            seq_len=datamodule.seq_len,
+            run_facts=data_run_facts(datamodule),
             tokenizer=datamodule.tokenizer,
             lr=spec.lr,
             min_lr_ratio=spec.min_lr_ratio,
