@@ -304,7 +304,8 @@ def test_study_binds_its_sequence_length_and_a_new_fact(tmp_path: Path, monkeypa
     tiny = ["--quick", "--layers", "2", "--steps", "1", "--seq-len", "24", "--batch-size", "2", "--val-batches", "1",
             "--seeds", "1", "--lrs", "3e-3", "--no-importance"]  # fmt: skip
     schemes = ["--schemes", "bhyt", "batch_probe"]
-    assert main([*tiny, "--shuffle-buffer", "4", *schemes, "--out", str(tmp_path / "study")]) == 0
+    argv = [*tiny, "--shuffle-buffer", "4", "--workers", "1", "--no-compile", *schemes]  # in-process: patched
+    assert main([*argv, "--out", str(tmp_path / "study")]) == 0
     bhyt, probe = built
     assert bhyt.config.norm_args["seq_len"] == 24
     assert_model_uses_T(bhyt.model, 24)

@@ -20,6 +20,7 @@ from bhyt_pl.bench.models import build_model, compile_blocks, hf_peer, litgpt_av
 from bhyt_pl.bench.prenorm import prenorm_step, saving_tanh
 from bhyt_pl.bench.report import PAPER, markdown, ratio_markdown, throughput_entries, time_entries
 from bhyt_pl.bench.sites import block_norms, memory_bandwidth, site_bytes, site_step
+from bhyt_pl.bench.study_run import study_run_markdown, study_run_table
 from bhyt_pl.bench.tanh import tanh_table
 from bhyt_pl.bench.timing import interleaved, machine_info, median, paired_ratio, synchronizer
 from bhyt_pl.bench.train_step import train_step
@@ -29,9 +30,9 @@ __all__ = ["DEFAULT_PARTS", "PARTS", "PEER", "main", "parser", "run"]
 
 log = logging.getLogger(__name__)
 
-PARTS = ("sites", "tanh", "train", "generate", "memory", "step_memory", "prenorm", "train_ratio", "decode")
+PARTS = ("sites", "tanh", "train", "generate", "memory", "step_memory", "prenorm", "train_ratio", "decode", "study_run")
 DEFAULT_PARTS = PARTS[:6]
-"""What a bare ``bench`` runs; ``prenorm``, ``train_ratio`` and ``decode`` are asked for by name."""
+"""What a bare ``bench`` runs; ``prenorm``, ``train_ratio``, ``decode`` and ``study_run`` are asked for by name."""
 BASELINE = "rmsnorm"
 """The variant every run includes and the ratios divide by; the transformers and litgpt peers are built from it."""
 
@@ -95,8 +96,12 @@ def parser() -> argparse.ArgumentParser:
         default="tiny,small,llama-374m:2",
         help="decode: presets (preset:n_layers cuts one) whose whole generate call is timed and profiled",
     )
+    p.add_argument("--study-steps", type=int, default=None, help="study_run: steps per run (default: the study's, 180)")
+    p.add_argument("--study-repeats", type=int, default=2, help="study_run: runs per scheme and path")
     p.add_argument(
-        "--parts", default=",".join(DEFAULT_PARTS), help=f"subset of {','.join(PARTS)} (default: the first six)"
+        "--parts",
+        default=",".join(DEFAULT_PARTS),
+        help=f"subset of {','.join(PARTS)} (default: the first six; study_run: rmsnorm and bhyt)",
     )
     p.add_argument(
         "--peers",
@@ -140,6 +145,8 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         "mem_overrides": {"n_layers": args.mem_layers},
         "mem_batch": args.mem_batch,
         "mem_seq_len": args.mem_seq_len,
+        "study_steps": args.study_steps,
+        "study_repeats": args.study_repeats,
         "decode_sizes": [t for t in args.decode_sizes.split(",") if t],
         "attn_implementation": "sdpa (torch.nn.functional.scaled_dot_product_attention) in both",
         "compile_path": "torch.compile of each block in place (Block.compile(dynamic=False)); generation: "
@@ -169,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     if set(settings["parts"]) & set(DEFAULT_PARTS):
         print(markdown(results))
     print(ratio_markdown(results))
+    if "study_run" in results:
+        print(study_run_markdown(results["study_run"]))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=2))
     print(f"wrote {args.json}")
@@ -184,9 +193,17 @@ def run(settings: dict[str, Any]) -> dict[str, Any]:
     limits = {k: getattr(dynamo, k) for k in ("recompile_limit", "cache_size_limit") if hasattr(dynamo, k)}
     try:
         torch.set_num_threads(settings["threads"])
+        if "study_run" in settings["parts"]:  # first, with the study's own dynamo limits
+            names = [v for v in settings["schemes"] if v in ("rmsnorm", "bhyt")] or settings["schemes"][:2]
+            study = study_run_table(names, settings["study_steps"], settings["study_repeats"])
+            if settings["parts"] == ["study_run"]:
+                return {"machine": machine_info(torch.device("cpu")), "settings": settings, "study_run": study}
         for k in limits:  # one compiled graph per scheme and shape: far more than the default 8
             setattr(dynamo, k, 512)
-        return _run(settings, device, dtype)
+        results = _run(settings, device, dtype)
+        if "study_run" in settings["parts"]:
+            results["study_run"] = study
+        return results
     finally:
         torch.set_num_threads(threads)
         for k, v in limits.items():

@@ -186,7 +186,7 @@ class _SecondMoment(torch.autograd.Function):
         return (grad * (2.0 / x.shape[-1]) * xf).to(x.dtype)
 
 
-CHUNK_ELEMENTS = 1 << 17
+SITE_BLOCK_ELEMENTS = 1 << 17
 """Elements per row block of ``BHyTSiteFunction`` (512 KiB of float32): its temporaries stay in
 cache and are reused; only the output (forward) and the input gradient (backward) are full size."""
 
@@ -216,9 +216,9 @@ def _coefficients(dtype: torch.dtype, device: torch.device) -> tuple[torch.Tenso
 
 
 def _blocks(n: int, d: int, device: torch.device):
-    """Row ranges of at most ``CHUNK_ELEMENTS`` elements (at least one row) on CPU; one block elsewhere
+    """Row ranges of at most ``SITE_BLOCK_ELEMENTS`` elements (at least one row) on CPU; one block elsewhere
     (a GPU has no such cache to fit, and every block costs kernel launches)."""
-    rows = max(1, CHUNK_ELEMENTS // d) if device.type == "cpu" else max(n, 1)
+    rows = max(1, SITE_BLOCK_ELEMENTS // d) if device.type == "cpu" else max(n, 1)
     return ((r, min(r + rows, n)) for r in range(0, n, rows)), min(rows, n)
 
 
@@ -234,7 +234,7 @@ class BHyTSiteFunction(torch.autograd.Function):
     Saved: ``x`` in its own dtype, the per-token ``1/D`` and statistics, ``lambda`` and ``gamma``; the
     tanh is recomputed in backward (``save_tanh`` saves it instead: one more activation-sized tensor,
     measured slower here, docs/performance.md). Both directions run over row blocks of
-    ``CHUNK_ELEMENTS``, so every intermediate is a reused, cache-sized buffer and the tanh of float32
+    ``SITE_BLOCK_ELEMENTS``, so every intermediate is a reused, cache-sized buffer and the tanh of float32
     and bfloat16 is ``rational_tanh`` computed in place. Backward, with ``t = tanh(s x)``,
     ``s = lambda / D``: ``gz = g gamma (1 - t^2)``, ``d gamma = sum_n g t``, ``gs = gz . x`` per
     token, ``d lambda = sum_n gs / D``, then through ``1/D`` to the statistics and from them to ``x``.

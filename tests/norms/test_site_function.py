@@ -29,7 +29,7 @@ def formula(x, lam, gamma, spread=None, mean=None, stat="rms"):
 @pytest.fixture(autouse=True)
 def small_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     """Three rows of 16 per block: 7 tokens make two full blocks and a remainder."""
-    monkeypatch.setattr(bhyt_module, "CHUNK_ELEMENTS", 48)
+    monkeypatch.setattr(bhyt_module, "SITE_BLOCK_ELEMENTS", 48)
 
 
 def _leaf(*shape, scale=1.0, shift=0.0):
