@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import gc
 import math
-import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
 
 import torch
+
+from bhyt_pl.machine import machine_info
 
 __all__ = ["interleaved", "machine_info", "median", "paired_ratio", "synchronizer"]
 
@@ -101,27 +101,3 @@ def paired_ratio(numerator: list[float], denominator: list[float], level: float 
         "coverage": coverage,
         "n": n,
     }
-
-
-def machine_info(device: torch.device) -> dict[str, object]:
-    """What the numbers were measured on: CPU model, threads, versions, accelerator."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
-        cpu = names[0] if names else cpu
-    except OSError:
-        pass
-    info: dict[str, object] = {
-        "cpu": cpu,
-        "cpu_count": os.cpu_count(),
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "device": str(device),
-    }
-    if device.type == "cuda":
-        info["gpu"] = torch.cuda.get_device_name(device)
-        info["cuda"] = torch.version.cuda
-    return info

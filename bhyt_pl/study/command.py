@@ -442,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the study; 0 when every run finished or diverged (a result), 1 when a run failed with an error."""
     from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-    from bhyt_pl.bench.timing import machine_info
+    from bhyt_pl.machine import machine_info
 
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
