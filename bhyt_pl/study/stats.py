@@ -1,4 +1,5 @@
-"""Seed statistics of the study: means with 95 % t-intervals, seed-paired differences and the verdict rules.
+"""Seed statistics of the study: means with t-intervals, seed-paired differences, the verdict rules as
+p-values (directional, non-inferiority, TOST equivalence) and Holm's adjustment over a family of claims.
 
 A study runs every scheme once per seed; seed ``i`` of two schemes shares the initialisation seed and
 the data order, so the claims compare schemes through the *paired* differences ``a_i - b_i`` (the
@@ -20,7 +21,6 @@ __all__ = [
     "DEPENDS",
     "RULES",
     "Interval",
-    "Verdict",
     "combine",
     "holm",
     "interval",
@@ -28,9 +28,6 @@ __all__ = [
     "rule_p_values",
     "seeds_needed",
     "paired_differences",
-    "verdict_approx",
-    "verdict_direction",
-    "verdict_no_worse",
 ]
 
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
@@ -93,54 +90,6 @@ def paired_differences(a: dict[int, float], b: dict[int, float]) -> list[float]:
         for s in sorted(set(a) & set(b))
         if a[s] is not None and b[s] is not None and math.isfinite(a[s]) and math.isfinite(b[s])
     ]
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """The verdict on one claim and the rule that produced it."""
-
-    label: str
-    rule: str
-
-
-def verdict_direction(diff: Interval, expected_sign: int) -> Verdict:
-    """``expected_sign`` -1: the paper says the difference is negative. Reproduced when the interval excludes
-    0 on that side, not reproduced when it excludes 0 on the other, else inconclusive."""
-    rule = f"95% CI of the paired difference {'< 0' if expected_sign < 0 else '> 0'}"
-    if not diff.defined:
-        return Verdict(INCONCLUSIVE, rule + f" (only {diff.n} finite pairs)")
-    low, high = (diff.low, diff.high) if expected_sign > 0 else (-diff.high, -diff.low)
-    if low > 0:
-        return Verdict(REPRODUCED, rule)
-    if high < 0:
-        return Verdict(NOT_REPRODUCED, rule)
-    return Verdict(INCONCLUSIVE, rule + " (the CI contains 0)")
-
-
-def verdict_no_worse(diff: Interval, margin: float = 0.02) -> Verdict:
-    """ "A no worse than B" on ``diff = A - B`` (lower is better): reproduced when the upper bound is below
-    ``+margin``, not reproduced when the lower bound is above it, else inconclusive."""
-    rule = f"upper 95% bound of the paired difference < +{margin:g}"
-    if not diff.defined:
-        return Verdict(INCONCLUSIVE, rule + f" (only {diff.n} finite pairs)")
-    if diff.high < margin:
-        return Verdict(REPRODUCED, rule)
-    if diff.low > margin:
-        return Verdict(NOT_REPRODUCED, rule)
-    return Verdict(INCONCLUSIVE, rule + " (the CI straddles the margin)")
-
-
-def verdict_approx(diff: Interval, margin: float = 0.05) -> Verdict:
-    """ "A ~ B": reproduced when the whole interval lies within ``+-margin``, not reproduced when it lies
-    entirely outside, else inconclusive."""
-    rule = f"95% CI of the paired difference within +-{margin:g}"
-    if not diff.defined:
-        return Verdict(INCONCLUSIVE, rule + f" (only {diff.n} finite pairs)")
-    if -margin < diff.low and diff.high < margin:
-        return Verdict(REPRODUCED, rule)
-    if diff.low > margin or diff.high < -margin:
-        return Verdict(NOT_REPRODUCED, rule)
-    return Verdict(INCONCLUSIVE, rule + " (the CI crosses the margin)")
 
 
 def seeds_needed(diff: Interval, room: float, limit: int = 1000) -> int | None:
