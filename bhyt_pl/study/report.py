@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bhyt_pl.study import stats
-from bhyt_pl.study.claims import ClaimResult, Design, evaluate, evaluation_runs
+from bhyt_pl.study.claims import MARGINS, ClaimResult, Design, evaluate, evaluation_runs
 from bhyt_pl.study.metrics import LOG_METRICS, final_snapshot
 from bhyt_pl.study.metrics import METRICS as CLAIM_METRICS
 from bhyt_pl.study.metrics import value as ln_value
@@ -381,12 +381,13 @@ def design_table(groups: Sequence[Any], design: Any) -> str:
         if s is None:
             rows.append([g.label, str(len(g.candidates)), "-", "-", "-", "-", "selection unfinished"])
             continue
+        failed = "none trained: " + "; ".join(f"{r.spec.label} {_diverged_cell(r)}" for r in s.runs)
         rows.append(
             [
                 g.label,
                 str(len(g.candidates)),
                 str(s.budget),
-                s.candidate or "none trained",
+                s.candidate or failed,
                 f"{s.lr:g}" if s.chosen is not None else "-",
                 ", ".join(f"{lr:g}" for lr in s.extensions) or "-",
                 f"**at the {s.edge} rate tried**" if s.edge else "inside",
@@ -557,8 +558,8 @@ def approximation_table(results: Sequence[RunResult], groups: Sequence[Any], des
 
 
 # ----------------------------------------------------------------------------- depth-wise growth
-GROWTH_MARGIN = 0.1
-"""A profile whose ln growth from layer L/4 to L lies within +-0.1 (90 % interval, TOST) reads "flat"."""
+GROWTH_MARGIN = MARGINS["magnitude_growth"]
+"""A profile whose ln growth from layer L/4 to L lies within +-this (90 % interval, TOST) reads "flat"."""
 
 
 def growth_words(iv: stats.Interval, margin: float = GROWTH_MARGIN) -> str:
