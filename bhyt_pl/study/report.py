@@ -420,8 +420,8 @@ def budget_note(groups: Sequence[Any], design: Any) -> str:
     return (
         f"Selection budgets differ: {low} runs (one candidate at every --lrs rate) for most groups; "
         + "; ".join(parts)
-        + ". A grid group searches an option the scheme's paper leaves to tuning (DyT's alpha depends on the "
-        "width); an extension spends runs where the grid's edge held the best rate."
+        + ". A grid group searches its grid option as well as the rate (an option the scheme leaves to tuning); "
+        "an extension spends runs where the grid's edge held the best rate."
     )
 
 
