@@ -28,6 +28,9 @@ __all__ = ["PARTS", "PEER", "main", "parser", "run"]
 log = logging.getLogger(__name__)
 
 PARTS = ("sites", "tanh", "train", "generate", "memory", "step_memory")
+BASELINE = "rmsnorm"
+"""The variant every run includes and the ratios divide by; the transformers and litgpt peers are built from it."""
+
 PEER = "hf_transformers"
 LITGPT = "litgpt"
 """The optional training-step peer (litgpt's ``GPT``), timed when litgpt is installed."""
@@ -98,8 +101,8 @@ def parser() -> argparse.ArgumentParser:
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
     variants = [parse_variant(t) for t in args.schemes]
-    if not any(v.label == "rmsnorm" for v in variants):
-        variants.insert(0, parse_variant("rmsnorm"))
+    if not any(v.label == BASELINE for v in variants):
+        variants.insert(0, parse_variant(BASELINE))
     parts = [p for p in args.parts.split(",") if p]
     unknown = sorted(set(parts) - set(PARTS))
     if unknown:
@@ -254,10 +257,10 @@ def _train(results, variants: list[Variant], settings, device, dtype, sync) -> N
                 step()
                 nbytes = saved_activation_bytes(forward_loss, model.parameters())
                 results.setdefault("memory", {}).setdefault(v.label, {})[f"train_step_{mode}"] = nbytes
-            if settings["peers"] and v.label == "rmsnorm" and not use_compile:
+            if settings["peers"] and v.label == BASELINE and not use_compile:
                 hf = hf_peer(model)
                 steps[PEER], _ = train_step(hf, B, T, model.config.vocab_size, hf=True)
-            if settings["peers"] and v.label == "rmsnorm" and litgpt_available():
+            if settings["peers"] and v.label == BASELINE and litgpt_available():
                 peer = litgpt_peer(model, compile=use_compile)
                 steps[LITGPT], _ = train_step(peer, B, T, model.config.vocab_size)
         if timed:
@@ -287,7 +290,7 @@ def _generate(results, variants: list[Variant], settings, device, dtype, sync) -
                 generate[v.label]()
                 sync()
                 compile_s[v.label] = time.perf_counter() - start
-            if settings["peers"] and v.label == "rmsnorm" and not use_compile:
+            if settings["peers"] and v.label == BASELINE and not use_compile:
                 hf = hf_peer(model)
                 prefill[PEER], generate[PEER] = generation_fns(hf, B, P, N, model.config.vocab_size, hf=True)
         if not generate:

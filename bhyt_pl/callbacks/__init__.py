@@ -8,9 +8,11 @@ transformer blocks of bhyt_pl, transformers and litgpt models (or takes a ``bloc
 YAML presets that append each of them to any recipe live in the top-level ``callbacks/`` directory.
 """
 
+from bhyt_pl.callbacks.attention_entropy import causal_attention_entropy
 from bhyt_pl.callbacks.blocks import LocatedBlocks, QKProjections, locate_blocks
 from bhyt_pl.callbacks.checkpointing import RunCheckpoint
 from bhyt_pl.callbacks.depth_stats import SITES, DepthStatsCollector, DepthStatsMonitor, depth_figures
+from bhyt_pl.callbacks.layer_metrics import LayerMetrics, layer_key, layer_series, layer_width, split_layer_key
 from bhyt_pl.callbacks.norm_refresh import NormConstantRefresh, default_refresh_interval, norm_refresh_callbacks
 from bhyt_pl.callbacks.progress import StepProgressBar
 from bhyt_pl.callbacks.stability import SpikeDetector, StabilityMonitor
@@ -28,6 +30,7 @@ __all__ = [
     "SITES",
     "DepthStatsCollector",
     "DepthStatsMonitor",
+    "LayerMetrics",
     "LocatedBlocks",
     "NormConstantRefresh",
     "RunCheckpoint",
@@ -38,10 +41,15 @@ __all__ = [
     "TokenThroughputMonitor",
     "batch_samples",
     "batch_tokens",
+    "causal_attention_entropy",
     "default_refresh_interval",
     "depth_figures",
     "estimated_training_flops_per_token",
+    "layer_key",
+    "layer_series",
+    "layer_width",
     "locate_blocks",
     "norm_refresh_callbacks",
     "peak_flops_for",
+    "split_layer_key",
 ]

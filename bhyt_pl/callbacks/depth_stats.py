@@ -28,7 +28,9 @@ Statistics (all per token over the hidden dimension, averaged over the tokens of
   over positions 0-7 and over positions 8 and later. Causal attention averages early queries over few
   keys, so a low ``first8`` against ``rest`` isolates the causal-masking part of the bias.
 
-Scalars are named ``depth/<stat>[/<site>]/layer_<ii>``; figures (TensorBoard only) ``depth/<stat>``.
+The site statistics after ``site_rms`` come from the scheme itself (``BlockNorms.site_statistics``), so a new
+scheme reports its own without an edit here. Scalars are named ``depth/<stat>[/<site>]/layer_<ii>``
+(``bhyt_pl.callbacks.layer_metrics``); figures (TensorBoard only) ``depth/<stat>``.
 """
 
 from __future__ import annotations
@@ -48,7 +50,9 @@ from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
 from bhyt_pl.callbacks.blocks import BlocksSpec, LocatedBlocks, locate_blocks
-from bhyt_pl.norms import BoundedSite
+from bhyt_pl.callbacks.layer_metrics import LayerMetrics, layer_key, layer_width, split_layer_key
+from bhyt_pl.norms import BlockNorms
+from bhyt_pl.norms.bhyt import MOMENT_RATIO_FIRST_POSITIONS
 
 __all__ = ["DepthStatsMonitor", "DepthStatsCollector", "SITES"]
 
@@ -57,7 +61,7 @@ log = logging.getLogger(__name__)
 SITES = ("attn_in", "attn_out", "attn_res", "mlp_in", "mlp_out", "mlp_res")
 """Norm-site submodules of ``Block.norms`` (``layers.<i>.norms.<site>``)."""
 
-FIRST_POSITIONS = 8
+FIRST_POSITIONS = MOMENT_RATIO_FIRST_POSITIONS
 """``bhyt_moment_ratio_first8`` covers sequence positions ``0 .. FIRST_POSITIONS - 1``."""
 
 
@@ -87,10 +91,8 @@ class DepthStatsCollector:
     ) -> None:
         self.located = model if isinstance(model, LocatedBlocks) else locate_blocks(model, blocks)
         self.saturation_threshold = saturation_threshold
-        self.width = max(2, len(str(len(self.located) - 1)))
-        self._sums: dict[str, torch.Tensor] = {}
-        self._counts: dict[str, torch.Tensor] = {}
-        self._maxes: dict[str, torch.Tensor] = {}
+        self.width = layer_width(len(self.located))
+        self.metrics = LayerMetrics()
         self._handles: list[RemovableHandle] = []
 
     # ------------------------------------------------------------------ hooks
@@ -99,13 +101,11 @@ class DepthStatsCollector:
         if self._handles:
             return
         for i, block in enumerate(self.located):
-            layer = f"layer_{i:0{self.width}d}"
+            layer = layer_key(i, self.width)
             self._handles.append(block.register_forward_hook(self._block_hook(layer), with_kwargs=True))
             norms = self.located.block_norms(i)
             for site_name, site in self.located.norm_sites(i).items():
-                approximated = site_name == "mlp_in" and getattr(norms, "approximate", False)
-                hook = self._site_hook(site_name, layer, approximated)
-                self._handles.append(site.register_forward_pre_hook(hook))
+                self._handles.append(site.register_forward_pre_hook(self._site_hook(norms, site_name, layer)))
 
     def detach(self) -> None:
         """Remove every hook this collector registered."""
@@ -119,7 +119,7 @@ class DepthStatsCollector:
 
     @property
     def empty(self) -> bool:
-        return not self._counts and not self._maxes
+        return self.metrics.empty
 
     def __enter__(self) -> DepthStatsCollector:
         self.attach()
@@ -128,19 +128,6 @@ class DepthStatsCollector:
     def __exit__(self, *exc: Any) -> None:
         self.detach()
 
-    def _add(self, key: str, total: torch.Tensor, count: float | torch.Tensor) -> None:
-        total = total.detach().to(torch.float64)
-        if key in self._sums:
-            self._sums[key] = self._sums[key].to(total.device) + total
-            self._counts[key] = self._counts[key].to(total.device) + count
-        else:
-            self._sums[key] = total
-            self._counts[key] = torch.as_tensor(count, dtype=torch.float64, device=total.device)
-
-    def _max(self, key: str, value: torch.Tensor) -> None:
-        value = value.detach().to(torch.float64)
-        self._maxes[key] = torch.maximum(self._maxes[key].to(value.device), value) if key in self._maxes else value
-
     def _block_hook(self, layer: str) -> Callable:
         def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
             with torch.no_grad():
@@ -148,48 +135,28 @@ class DepthStatsCollector:
                 y = (output[0] if isinstance(output, (tuple, list)) else output).detach().float()  # [B, T, d]
                 y2 = y.flatten(0, -2)  # [N, d], N tokens
                 n = y2.shape[0]
-                self._add(f"magnitude/{layer}", y2.norm(dim=-1).sum(), n)
-                self._add(f"variance/{layer}", y2.var(dim=-1, correction=0).sum(), n)
+                self.metrics.add(f"magnitude/{layer}", y2.norm(dim=-1).sum(), n)
+                self.metrics.add(f"variance/{layer}", y2.var(dim=-1, correction=0).sum(), n)
                 cosine = F.cosine_similarity(x.flatten(0, -2), y2, dim=-1, eps=1e-12)  # [N]
-                self._add(f"angular_distance/{layer}", (1.0 - cosine).sum(), n)
-                self._max(f"max_abs/{layer}", y2.abs().amax())
+                self.metrics.add(f"angular_distance/{layer}", (1.0 - cosine).sum(), n)
+                self.metrics.max(f"max_abs/{layer}", y2.abs().amax())
 
         return hook
 
-    def _site_hook(self, site_name: str, layer: str, approximated: bool) -> Callable:
+    def _site_hook(self, norms: BlockNorms, site_name: str, layer: str) -> Callable:
         def hook(module: nn.Module, args: tuple) -> None:
             with torch.no_grad():
-                x = args[0].detach()
-                xf = x.float().flatten(0, -2)  # [N, d]
-                n = xf.shape[0]
-                self._add(f"site_rms/{site_name}/{layer}", xf.pow(2).mean(dim=-1).sqrt().sum(), n)
-                if isinstance(module, BoundedSite):  # tanh/erf/ISRU site: its argument as the forward computes it
-                    z = module.preactivation(*args).flatten(0, -2)  # [N, d], or [N, 1] for a per-token argument
-                    saturated = (z.abs() > self.saturation_threshold).float().mean(dim=-1)  # [N]
-                    self._add(f"saturation/{site_name}/{layer}", saturated.sum(), n)
-                    for key, value in module.scalars().items():
-                        self._add(f"{key}/{site_name}/{layer}", value.detach().reshape(()), 1)
-                if approximated and len(args) > 1 and hasattr(args[1], "spread"):
-                    # site B of BHyT: the statistic the forward received (approximate_stats of site A's)
-                    # against the exact one over h (docs/method.md, section 3)
-                    exact = module.statistics(x).spread  # [B, T, 1]
-                    approx = args[1].spread.expand_as(exact)  # [B, T, 1]
-                    ratio = approx / exact.clamp_min(1e-30)  # [B, T, 1]
-                    self._add(f"bhyt_moment_ratio/{layer}", ratio.sum(), n)
-                    self._add(f"bhyt_moment_ratio_of_means/{layer}", approx.sum(), exact.sum())
-                    early = ratio[..., :FIRST_POSITIONS, :]  # positions 0..7: few visible keys
-                    self._add(f"bhyt_moment_ratio_first8/{layer}", early.sum(), early.numel())
-                    if ratio.shape[-2] > FIRST_POSITIONS:
-                        late = ratio[..., FIRST_POSITIONS:, :]
-                        self._add(f"bhyt_moment_ratio_rest/{layer}", late.sum(), late.numel())
+                xf = args[0].detach().float().flatten(0, -2)  # [N, d]
+                self.metrics.add(f"site_rms/{site_name}/{layer}", xf.pow(2).mean(dim=-1).sqrt().sum(), xf.shape[0])
+                # the scheme's own statistics of this site (saturation, lambdas, BHyT's moment ratios)
+                for key, (total, count) in norms.site_statistics(site_name, args, self.saturation_threshold).items():
+                    self.metrics.add(f"{key}/{layer}", total, count)
 
         return hook
 
     # ------------------------------------------------------------------ results
     def reset(self) -> None:
-        self._sums.clear()
-        self._counts.clear()
-        self._maxes.clear()
+        self.metrics.reset()
 
     def compute(self, all_gather: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict[str, float]:
         """Means (and maxima) per key, reduced over ranks when ``all_gather`` is given.
@@ -201,22 +168,7 @@ class DepthStatsCollector:
         Returns:
             ``{"magnitude/layer_00": value, ...}``.
         """
-        mean_keys, max_keys = sorted(self._sums), sorted(self._maxes)
-        device = next(iter(self._sums.values())).device if mean_keys else torch.device("cpu")
-        sums = torch.stack([self._sums[k].to(device) for k in mean_keys]) if mean_keys else torch.zeros(0)
-        counts = torch.stack([self._counts[k].to(device) for k in mean_keys]) if mean_keys else torch.zeros(0)
-        maxes = torch.stack([self._maxes[k].to(device) for k in max_keys]) if max_keys else torch.zeros(0)
-        packed = torch.cat([sums, counts, maxes]).to(device)  # [2M + X], one collective for everything
-        if all_gather is not None:
-            gathered = all_gather(packed)  # [world, 2M + X]
-            if gathered.ndim == 2:
-                m = len(mean_keys)
-                packed = torch.cat([gathered[:, : 2 * m].sum(dim=0), gathered[:, 2 * m :].amax(dim=0)])
-        values = packed.cpu().tolist()
-        m = len(mean_keys)
-        result = {k: values[i] / max(values[m + i], 1e-30) for i, k in enumerate(mean_keys)}
-        result.update({k: values[2 * m + i] for i, k in enumerate(max_keys)})
-        return result
+        return self.metrics.compute(all_gather)
 
 
 def _residual(args: tuple, kwargs: dict) -> torch.Tensor:
@@ -415,9 +367,12 @@ def depth_figures(stats: dict[str, float], step: int, prefix: str = "depth") -> 
 
     series: dict[str, dict[str, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
     for key, value in stats.items():
-        head, layer = key.rsplit("/", 1)
+        split = split_layer_key(key)
+        if split is None:  # not a per-layer statistic
+            continue
+        head, layer = split
         stat, _, site = head.partition("/")
-        series[stat][site][int(layer.removeprefix("layer_"))] = value
+        series[stat][site][layer] = value
     figures = {}
     for stat, lines in sorted(series.items()):
         figure = Figure(figsize=(4.5, 3.0), dpi=80, layout="constrained")

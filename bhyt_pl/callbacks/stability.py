@@ -46,7 +46,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import lightning as L
@@ -57,8 +57,11 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
-from bhyt_pl.callbacks.blocks import BlocksSpec, locate_blocks
+from bhyt_pl.callbacks.attention_entropy import causal_attention_entropy
+from bhyt_pl.callbacks.blocks import BlocksSpec, LocatedBlocks, locate_blocks
 from bhyt_pl.callbacks.depth_stats import SITES, depth_figures
+from bhyt_pl.callbacks.layer_metrics import LayerMetrics, layer_key, layer_width
+from bhyt_pl.norms import BlockNorms
 
 __all__ = [
     "SpikeDetector",
@@ -71,101 +74,18 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-def _blocks(pl_module: L.LightningModule, blocks: BlocksSpec = None) -> Sequence[nn.Module]:
+def _blocks(pl_module: L.LightningModule, blocks: BlocksSpec = None) -> LocatedBlocks | None:
     """The transformer blocks of the LightningModule, first to last (``locate_blocks``: bhyt_pl, transformers
-    and litgpt models, or ``blocks``); empty when none are found and ``blocks`` was not given."""
+    and litgpt models, or ``blocks``); None when none are found and ``blocks`` was not given."""
     try:
-        return list(locate_blocks(pl_module, blocks).blocks)
+        return locate_blocks(pl_module, blocks)
     except ValueError:
         if blocks is not None:
             raise
-        return []
+        return None
 
 
 # ----------------------------------------------------------------------------- statistics
-def _lse_and_key_average(q: torch.Tensor, k: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """``logsumexp_j s_tj`` [B, H, T] and ``sum_j p_tj k_j`` [B, H, T, hd] of causal attention, from one
-    fused kernel with the keys as values where the device has one that returns the log-sum-exp (the
-    public ``scaled_dot_product_attention`` does not return it), else exactly in chunks of queries."""
-    fused = _FUSED_OK.get(q.device.type)
-    if fused is None:  # first use on this device type: check the kernel against plain ops on a slice
-        fused = _FUSED_OK[q.device.type] = _fused_agrees(q[:1, :1, :64], k[:1, :1, :64], scale)
-    if fused:
-        try:
-            return _lse_and_key_average_fused(q, k, scale)
-        except (RuntimeError, NotImplementedError) as exc:  # e.g. a shape this kernel does not take
-            log.debug("fused attention with log-sum-exp failed (%s); computing in chunks", exc)
-    return _lse_and_key_average_chunked(q, k, scale)
-
-
-_FUSED_OK: dict[str, bool] = {}
-"""Per device type: whether the fused kernel's log-sum-exp agrees with plain ops (checked once)."""
-
-
-def _lse_and_key_average_fused(q: torch.Tensor, k: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    # the kernels scaled_dot_product_attention dispatches to; they return the log-sum-exp it discards
-    if q.device.type == "cpu":
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, k, 0.0, True, scale=scale)
-        return lse, out
-    if q.device.type == "cuda":
-        efficient = torch.ops.aten._scaled_dot_product_efficient_attention
-        out, lse = efficient(q, k, k, None, True, 0.0, True, scale=scale)[:2]  # lse may be padded in T
-        return lse[..., : q.shape[-2]], out
-    raise NotImplementedError(f"no fused attention kernel with log-sum-exp on {q.device.type}")
-
-
-def _fused_agrees(q: torch.Tensor, k: torch.Tensor, scale: float) -> bool:
-    try:
-        lse, out = _lse_and_key_average_fused(q, k, scale)
-    except (RuntimeError, NotImplementedError, AttributeError) as exc:  # kernel missing on this build
-        log.info("StabilityMonitor: no fused attention kernel with log-sum-exp (%s); entropy in query chunks", exc)
-        return False
-    ref_lse, ref_out = _lse_and_key_average_chunked(q, k, scale)
-    ok = torch.allclose(lse, ref_lse, rtol=1e-3, atol=1e-3) and torch.allclose(out, ref_out, rtol=1e-3, atol=1e-3)
-    if not ok:
-        log.warning("StabilityMonitor: the fused kernel's log-sum-exp disagrees with plain ops; entropy in chunks")
-    return ok
-
-
-def _lse_and_key_average_chunked(
-    q: torch.Tensor, k: torch.Tensor, scale: float, chunk: int = 256
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The same as ``_lse_and_key_average`` from plain ops, ``chunk`` queries at a time (memory bounded)."""
-    T = q.shape[-2]
-    lses, outs = [], []
-    for start in range(0, T, chunk):
-        qc = q[..., start : start + chunk, :]  # [B, H, C, hd]
-        s = (qc @ k.transpose(-1, -2)) * scale  # [B, H, C, T]
-        rows = torch.arange(start, start + qc.shape[-2], device=q.device)[:, None]
-        s = s.masked_fill(torch.arange(T, device=q.device)[None, :] > rows, float("-inf"))
-        lse = torch.logsumexp(s, dim=-1)  # [B, H, C]
-        lses.append(lse)
-        outs.append(torch.exp(s - lse[..., None]) @ k)
-    return torch.cat(lses, dim=-1), torch.cat(outs, dim=-2)
-
-
-def causal_attention_entropy(q: torch.Tensor, k: torch.Tensor, scale: float | None = None) -> torch.Tensor:
-    """Entropy in nats of every query's causal softmax attention distribution, exact, float32.
-
-    ``H_t = logsumexp_j s_tj - E_p[s_t]`` with ``E_p[s_t] = scale * q_t . sum_j p_tj k_j``: the second
-    term is an attention output whose values are the keys, so no [T, T] probability matrix is kept.
-
-    Args:
-        q: queries [B, H, T, hd] (after RoPE).
-        k: keys [B, K, T, hd]; ``K`` divides ``H`` (grouped-query attention repeats each key head).
-        scale: the score scale; ``1/sqrt(hd)`` by default, as ``scaled_dot_product_attention``.
-
-    Returns:
-        [B, H, T] entropies; query ``t`` sees keys ``0..t``, so ``0 <= H_t <= log(t + 1)``.
-    """
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    q = q.float()
-    k = k.float().repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # [B, H, T, hd]
-    lse, key_average = _lse_and_key_average(q.contiguous(), k.contiguous(), scale)
-    expected_score = scale * (q * key_average).sum(dim=-1)  # [B, H, T]
-    return (lse - expected_score).clamp_min(0.0)  # >= 0 up to rounding
-
-
 def token_excess_kurtosis(y: torch.Tensor) -> torch.Tensor:
     """Excess kurtosis ``m4 / m2^2 - 3`` (central, population moments) of each token of ``y`` [..., d]
     across ``d``, float32; shape [...]."""
@@ -288,8 +208,7 @@ class StabilityMonitor(L.Callback):
         self.loss_spikes = SpikeDetector(spike_window, spike_sigma, spike_min_history)
         self.grad_norm_spikes = SpikeDetector(spike_window, spike_sigma, spike_min_history)
         self._handles: list[RemovableHandle] = []
-        self._sums: dict[str, torch.Tensor] = {}
-        self._counts: dict[str, torch.Tensor] = {}
+        self._metrics = LayerMetrics()
         self._groups: tuple[list[str], list[nn.Parameter], torch.Tensor, torch.Tensor] | None = None
         self._grad_sq: torch.Tensor | None = None  # per group, then the total; set before clipping
         self._loss_sum, self._loss_count = 0.0, 0
@@ -327,8 +246,8 @@ class StabilityMonitor(L.Callback):
         block), ``<site>/layer_ii`` (one norm site), ``embed`` and ``final_norm`` (outside the blocks)."""
         if self._groups is not None:
             return self._groups
-        blocks = _blocks(pl_module, self.blocks)
-        self._width = max(2, len(str(len(blocks) - 1)))
+        blocks = _blocks(pl_module, self.blocks) or ()
+        self._width = layer_width(len(blocks))
         params = [p for p in pl_module.parameters() if p.requires_grad]
         index = {id(p): i for i, p in enumerate(params)}
         names: list[str] = []
@@ -342,15 +261,14 @@ class StabilityMonitor(L.Callback):
 
         in_blocks: set[int] = set()
         for i, block in enumerate(blocks):
-            layer = f"layer_{i:0{self._width}d}"
+            layer = layer_key(i, self._width)
             block_params = list(block.parameters())
             in_blocks.update(id(p) for p in block_params)
             add(layer, block_params)
-            norms = getattr(block, "norms", None)
+            sites = blocks.norm_sites(i)  # bhyt_pl blocks only
             for site in SITES:
-                module = getattr(norms, site, None) if norms is not None else None
-                if isinstance(module, nn.Module):
-                    add(f"{site}/{layer}", module.parameters())
+                if site in sites:
+                    add(f"{site}/{layer}", sites[site].parameters())
         model = getattr(pl_module, "model", pl_module)
         final_norm = getattr(model, "final_norm", None)
         final_ids = {id(p) for p in final_norm.parameters()} if isinstance(final_norm, nn.Module) else set()
@@ -364,12 +282,12 @@ class StabilityMonitor(L.Callback):
     # ------------------------------------------------------------------ hooks of a logging step
     def _attach(self, pl_module: L.LightningModule) -> None:
         blocks = _blocks(pl_module, self.blocks)
-        if not blocks:
+        if blocks is None or not len(blocks):
             self._warn_once("blocks", "no transformer blocks found (pass blocks=...); no per-layer statistics")
             return
-        self._width = max(2, len(str(len(blocks) - 1)))
+        self._width = layer_width(len(blocks))
         for i, block in enumerate(blocks):
-            hook = self._block_hook(block, f"layer_{i:0{self._width}d}")
+            hook = self._block_hook(blocks.block_norms(i), blocks.attention(i), layer_key(i, self._width))
             # prepend: run before FSDP2's post-forward hook reshards the block's parameters
             self._handles.append(block.register_forward_hook(hook, prepend=True, with_kwargs=True))
 
@@ -378,15 +296,7 @@ class StabilityMonitor(L.Callback):
             handle.remove()
         self._handles.clear()
 
-    def _add(self, key: str, total: torch.Tensor, count: float | torch.Tensor) -> None:
-        total = total.detach().to(torch.float64)
-        count = torch.as_tensor(count, dtype=torch.float64, device=total.device)
-        if key in self._sums:
-            self._sums[key], self._counts[key] = self._sums[key] + total, self._counts[key] + count
-        else:
-            self._sums[key], self._counts[key] = total, count
-
-    def _block_hook(self, block: nn.Module, layer: str) -> Callable:
+    def _block_hook(self, norms: BlockNorms | None, attn: nn.Module | None, layer: str) -> Callable:
         @torch.compiler.disable  # eager, outside a compiled block's graph
         def hook(module: nn.Module, args: tuple, kwargs: dict, output: torch.Tensor) -> None:
             if not isinstance(output, torch.Tensor):
@@ -394,32 +304,33 @@ class StabilityMonitor(L.Callback):
             with torch.no_grad():
                 y = output.detach().flatten(0, -2)  # [N, d]
                 n = y.shape[0]
-                self._add(f"kurtosis/{layer}", token_excess_kurtosis(y).sum(), n)
-                self._add(f"max_over_median/{layer}", token_max_over_median(y).sum(), n)
+                self._metrics.add(f"kurtosis/{layer}", token_excess_kurtosis(y).sum(), n)
+                self._metrics.add(f"max_over_median/{layer}", token_max_over_median(y).sum(), n)
                 if self.entropy:
-                    self._entropy(block, layer, args, kwargs)
+                    self._entropy(module, norms, attn, layer, args, kwargs)
             if output.requires_grad:
                 output.register_hook(self._grad_hook(layer))
 
         return hook
 
-    def _entropy(self, block: nn.Module, layer: str, args: tuple, kwargs: dict) -> None:
-        norms, attn = getattr(block, "norms", None), getattr(block, "attn", None)
+    def _entropy(
+        self, block: nn.Module, norms: BlockNorms | None, attn: nn.Module | None, layer: str, args: tuple, kwargs: dict
+    ) -> None:
         x = args[0] if args else kwargs.get("x")
         cos, sin = (args[1], args[2]) if len(args) >= 3 else (kwargs.get("cos"), kwargs.get("sin"))
         cache = args[3] if len(args) >= 4 else kwargs.get("cache")
-        if not (hasattr(norms, "pre_attn") and hasattr(attn, "qk")) or x is None or cos is None or cache is not None:
+        if norms is None or not hasattr(attn, "qk") or x is None or cos is None or cache is not None:
             self._warn_once("entropy", f"cannot recompute queries and keys of {type(block).__name__}; no attn_entropy")
             return
         u, _ = norms.pre_attn(x)  # the attention input, as the block computed it
         q, k = attn.qk(u, cos, sin)  # [B, H, T, hd], [B, K, T, hd]
         entropy = causal_attention_entropy(q, k)  # [B, H, T]
-        self._add(f"attn_entropy/{layer}", entropy.sum(), entropy.numel())
+        self._metrics.add(f"attn_entropy/{layer}", entropy.sum(), entropy.numel())
         T = entropy.shape[-1]
         if T > 1:
             visible = torch.arange(2, T + 1, device=entropy.device, dtype=torch.float32)  # keys seen by t = 1..T-1
             normalized = entropy[..., 1:] / visible.log()
-            self._add(f"attn_entropy_normalized/{layer}", normalized.sum(), normalized.numel())
+            self._metrics.add(f"attn_entropy_normalized/{layer}", normalized.sum(), normalized.numel())
 
     def _grad_hook(self, layer: str) -> Callable:
         def hook(grad: torch.Tensor) -> None:
@@ -427,7 +338,7 @@ class StabilityMonitor(L.Callback):
                 g = (
                     grad.detach().float().flatten(0, -2) * self._grad_scale
                 )  # [N, d], dL/dy of the micro-batch mean loss
-                self._add(f"act_grad_norm/{layer}", g.norm(dim=-1).sum(), g.shape[0])
+                self._metrics.add(f"act_grad_norm/{layer}", g.norm(dim=-1).sum(), g.shape[0])
 
         return hook
 
@@ -439,8 +350,7 @@ class StabilityMonitor(L.Callback):
         step = trainer.global_step + 1  # the optimizer step this batch contributes to
         if batch_idx % trainer.accumulate_grad_batches != 0 or not self.should_log(step):
             return
-        self._sums.clear()
-        self._counts.clear()
+        self._metrics.reset()
         # Lightning divides the loss by the accumulation count before backward, a grad scaler multiplies it,
         # and the data-parallel loss is the mean of the ranks' losses: report dL/dy of the global mean loss
         scaler = getattr(trainer.precision_plugin, "scaler", None)
@@ -501,17 +411,16 @@ class StabilityMonitor(L.Callback):
         self._pending_step = None
         loss_mean = self._loss_sum / max(self._loss_count, 1)
         self._loss_sum, self._loss_count = 0.0, 0
-        keys = sorted(self._sums) if logging_step else []
         names = self._groups[0]
         if not logging_step:
             grad_sq = grad_sq[-1:]
+            self._metrics.reset()
         device = grad_sq.device
         packed = torch.cat(
             [
                 grad_sq,
                 torch.tensor([loss_mean / trainer.world_size], dtype=torch.float64, device=device),
-                torch.stack([self._sums[k].to(device) for k in keys]) if keys else grad_sq.new_zeros(0),
-                torch.stack([self._counts[k].to(device) for k in keys]) if keys else grad_sq.new_zeros(0),
+                self._metrics.pack(device),
             ]
         )
         if trainer.world_size > 1:  # every rank reaches this on the same steps: one collective
@@ -519,12 +428,10 @@ class StabilityMonitor(L.Callback):
         values = packed.cpu().tolist()
         g = len(grad_sq)
         total_norm, loss_value = math.sqrt(values[g - 1]), values[g]
-        m = len(keys)
-        stats = {k: values[g + 1 + i] / max(values[g + 1 + m + i], 1e-30) for i, k in enumerate(keys)}
+        stats = self._metrics.unpack(values[g + 1 :])
         if logging_step:
             stats.update({f"grad_norm/{name}": math.sqrt(v) for name, v in zip(names, values[: g - 1])})
-        self._sums.clear()
-        self._counts.clear()
+        self._metrics.reset()
         loss_spike = self.loss_spikes.update(loss_value)
         grad_spike = self.grad_norm_spikes.update(total_norm)
         if not trainer.is_global_zero:

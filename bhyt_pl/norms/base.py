@@ -10,7 +10,7 @@ site A to site B of a block through the ``ctx`` value (BHyT's one reduction per 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 import torch
@@ -216,6 +216,29 @@ class BlockNorms(nn.Module):
     def refresh_constants(self, attn: nn.Module) -> None:
         """Recompute cached constants derived from this block's attention weights (no-op by default)."""
 
+    def site_statistics(
+        self, site: str, args: tuple[Any, ...], saturation_threshold: float = 2.0
+    ) -> dict[str, tuple[torch.Tensor, float | torch.Tensor]]:
+        """Named diagnostics of site ``site`` for the inputs ``args`` its forward receives, as
+        ``{"<stat>/<site>" or "<stat>": (sum, count)}``; the mean of a statistic is ``sum / count``, so
+        sums from several passes and ranks reduce exactly.
+
+        By default, for a site built on a saturating function (``BoundedSite``): ``saturation/<site>``,
+        the fraction of arguments with ``|arg| > saturation_threshold`` per token, summed over tokens, and
+        each of its one-element parameters (``lambda/<site>``, ``alpha/<site>``; count 1). Schemes add
+        their own (BHyT: the moment ratios of its approximated site B). Tools such as ``DepthStatsMonitor``
+        read only this, never a site's attributes, so a new scheme's statistics need no tool edit."""
+        module = getattr(self, site)
+        if not isinstance(module, BoundedSite):
+            return {}
+        n = args[0].flatten(0, -2).shape[0]  # tokens
+        z = module.preactivation(*args).flatten(0, -2)  # [N, d], or [N, 1] for a per-token argument
+        saturated = (z.abs() > saturation_threshold).float().mean(dim=-1)  # [N]
+        out: dict[str, tuple[torch.Tensor, float | torch.Tensor]] = {f"saturation/{site}": (saturated.sum(), n)}
+        for key, value in module.scalars().items():
+            out[f"{key}/{site}"] = (value.detach().reshape(()), 1)
+        return out
+
     def reset_parameters(self) -> None:
         for site in (self.attn_in, self.attn_out, self.attn_res, self.mlp_in, self.mlp_out, self.mlp_res):
             if hasattr(site, "reset_parameters"):
@@ -274,6 +297,13 @@ class NormScheme:
     def embedding_norm(self, dim: int) -> nn.Module:
         """Applied to the token embeddings before the first block (identity by default)."""
         return nn.Identity()
+
+    def diagnostics(self, n_layers: int, blocks: Sequence[BlockNorms] = ()) -> dict[str, Any]:
+        """The scheme's named model-level statistics for a model of ``n_layers`` whose block norms are
+        ``blocks`` (first to last; empty: only what the configuration tells). Empty by default; BHyT
+        reports ``variance_bound``, its theorem condition at the initial and the learned lambdas. The
+        study reads only this, never the scheme's hyperparameters by name."""
+        return {}
 
     def bind(self, **facts: Any) -> NormScheme:
         """This scheme with its declared ``run_facts`` set from ``facts``: a new scheme when any value

@@ -26,7 +26,8 @@ it into one loop per pass); eager, the extra tanh of its backward costs more tha
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -66,6 +67,9 @@ TANH_CLAMP = 7.90531110763549805
 
 UNBOUND_SEQ_LEN = 1024
 """``T`` of a ``bhyt`` scheme whose ``seq_len`` no run has bound: the paper's pretraining length."""
+
+MOMENT_RATIO_FIRST_POSITIONS = 8
+"""``bhyt_moment_ratio_first8`` covers sequence positions ``0 .. MOMENT_RATIO_FIRST_POSITIONS - 1``."""
 
 
 class SiteStats(NamedTuple):
@@ -291,6 +295,32 @@ class BHyTBlockNorms(BlockNorms):
             return self.mlp_in(h)
         return self.mlp_in(h, self.approximate_stats(ctx))  # site B: no reduction over h (docs/method.md, section 3)
 
+    def site_statistics(
+        self, site: str, args: tuple[Any, ...], saturation_threshold: float = 2.0
+    ) -> dict[str, tuple[torch.Tensor, float | torch.Tensor]]:
+        """``BlockNorms.site_statistics`` plus, at an approximated site B, the moment ratios: the statistic
+        the forward received (``approximate_stats`` of site A's) against the exact one over ``h``
+        (docs/method.md, section 3). ``bhyt_moment_ratio``: approximated over exact second moment per
+        token; ``bhyt_moment_ratio_of_means``: mean approximated over mean exact moment (dominated by the
+        large tokens); ``bhyt_moment_ratio_first8`` / ``bhyt_moment_ratio_rest``: the per-token ratio over
+        positions ``0 .. MOMENT_RATIO_FIRST_POSITIONS - 1`` and after (causal attention averages early
+        queries over few keys)."""
+        out = super().site_statistics(site, args, saturation_threshold)
+        if site != "mlp_in" or not self.approximate or len(args) < 2 or not isinstance(args[1], SiteStats):
+            return out
+        n = args[0].flatten(0, -2).shape[0]  # tokens
+        exact = self.mlp_in.statistics(args[0]).spread  # [B, T, 1]
+        approx = args[1].spread.expand_as(exact)  # [B, T, 1]
+        ratio = approx / exact.clamp_min(1e-30)  # [B, T, 1]
+        out["bhyt_moment_ratio"] = (ratio.sum(), n)
+        out["bhyt_moment_ratio_of_means"] = (approx.sum(), exact.sum())
+        early = ratio[..., :MOMENT_RATIO_FIRST_POSITIONS, :]  # few visible keys
+        out["bhyt_moment_ratio_first8"] = (early.sum(), early.numel())
+        if ratio.shape[-2] > MOMENT_RATIO_FIRST_POSITIONS:
+            late = ratio[..., MOMENT_RATIO_FIRST_POSITIONS:, :]
+            out["bhyt_moment_ratio_rest"] = (late.sum(), late.numel())
+        return out
+
     @torch.no_grad()
     def refresh_constants(self, attn: nn.Module) -> None:
         if not self.approximate:
@@ -393,6 +423,30 @@ class _BHyTSchemeBase(NormScheme):
         }
         report["all"] = all(report.values())
         return report
+
+    def diagnostics(self, n_layers: int, blocks: Sequence[BlockNorms] = ()) -> dict[str, Any]:
+        """``variance_bound``: the theorem condition ``lambda/kappa < 1/sqrt(L)`` at the initial lambdas
+        (``at_init``, as ``variance_bound_report``) and, given the model's ``blocks``, at the largest learned
+        ``|lambda|`` of each site (``learned_max_lambda_attn``/``_mlp``, ``learned_holds``)."""
+        kappa = float(self.kappa_value)
+        threshold = 1.0 / math.sqrt(n_layers)
+        report: dict[str, Any] = {
+            "n_layers": n_layers,
+            "kappa": kappa,
+            "lambda_attn": self.lambda_attn,
+            "lambda_mlp": self.lambda_mlp,
+            "threshold": threshold,
+            "at_init": self.variance_bound_report(n_layers),
+        }
+        if blocks:
+            learned = {
+                site: max(float(getattr(b, site).lambda_.detach().abs().max()) for b in blocks)
+                for site in ("attn_in", "mlp_in")
+            }
+            report["learned_max_lambda_attn"] = learned["attn_in"]
+            report["learned_max_lambda_mlp"] = learned["mlp_in"]
+            report["learned_holds"] = all(v / kappa < threshold for v in learned.values())
+        return {"variance_bound": report}
 
 
 @register_norm("bhyt")

@@ -15,13 +15,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from bhyt_pl.callbacks.layer_metrics import layer_series, split_layer_key
 from bhyt_pl.study import stats
 from bhyt_pl.study.claims import MARGINS, ClaimResult, Design, evaluate, evaluation_runs
 from bhyt_pl.study.metrics import LOG_METRICS, final_snapshot
 from bhyt_pl.study.metrics import METRICS as CLAIM_METRICS
 from bhyt_pl.study.metrics import value as ln_value
 from bhyt_pl.study.plan import SELECTION_SEED
-from bhyt_pl.study.runner import RunResult, layer_series
+from bhyt_pl.study.runner import RunResult
 
 __all__ = [
     "GROUP_COLUMNS",
@@ -537,7 +538,11 @@ def approximation_table(results: Sequence[RunResult], groups: Sequence[Any], des
             """Mean over the layers ``lo <= i < hi`` (0-based) that have the statistic, then over seeds."""
             per_run = []
             for r in runs:
-                layers = {int(k.rsplit("_", 1)[1]): v for k, v in r.depth_final.items() if k.startswith(stat + "/")}
+                layers = {
+                    split[1]: v
+                    for k, v in r.depth_final.items()
+                    if (split := split_layer_key(k)) is not None and split[0] == stat
+                }
                 per_run.append(_mean([v for i, v in layers.items() if i >= lo and (hi is None or i < hi)]))
             return _num(_mean(per_run))
 

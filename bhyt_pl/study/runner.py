@@ -49,9 +49,9 @@ from torch import nn
 from typing_extensions import override
 
 from bhyt_pl.callbacks import DepthStatsCollector
+from bhyt_pl.callbacks.layer_metrics import layer_key, layer_series, layer_width, split_layer_key
 from bhyt_pl.callbacks.stability import StabilityMonitor
 from bhyt_pl.module import LlamaLM
-from bhyt_pl.norms import build_norm_scheme
 
 __all__ = [
     "TRAJECTORY_STATS",
@@ -191,12 +191,6 @@ def run_dirname(label: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.=@+-]+", "_", label)
 
 
-def layer_series(stats: dict[str, float], stat: str) -> list[float]:
-    """``[value of layer 0, layer 1, ...]`` of one statistic from ``DepthStatsCollector.compute`` keys."""
-    points = {int(k.rsplit("_", 1)[1]): v for k, v in stats.items() if k.startswith(f"{stat}/layer_")}
-    return [points[i] for i in sorted(points)]
-
-
 class DivergenceMonitor(L.Callback):
     """Records the training loss of every optimizer step and stops the fit when it diverges.
 
@@ -268,7 +262,7 @@ def _robust_hooks(model: nn.Module, norms: dict[str, list[torch.Tensor]], top2: 
 
         return hook
 
-    return [block.register_forward_hook(make(f"layer_{i:0{width}d}")) for i, block in enumerate(model.layers)]
+    return [block.register_forward_hook(make(layer_key(i, width))) for i, block in enumerate(model.layers)]
 
 
 @torch.no_grad()
@@ -311,7 +305,7 @@ def depth_statistics(
                 handle.remove()
         out = collector.compute()
         for i in range(len(model.layers)):
-            layer = f"layer_{i:0{collector.width}d}"
+            layer = layer_key(i, collector.width)
             values = norms.get(layer)
             out[f"median_magnitude/{layer}"] = float(torch.cat(values).median()) if values else math.nan
             if layer in top2:
@@ -408,16 +402,16 @@ def stability_summary(metrics: dict[str, list[tuple[int, float]]], n_layers: int
     """StabilityMonitor's columns from its logged metrics: final spike counts and, per logging step, the
     layer (1-based) with the largest gradient norm and the last layer's attention entropy."""
     prefix = "stability/"
-    steps = sorted({s for k, v in metrics.items() if k.startswith(prefix + "grad_norm/layer_") for s, _ in v})
-    width = max(2, len(str(n_layers - 1)))
-    last = f"layer_{n_layers - 1:0{width}d}"
+    block_grads = {  # grad_norm/layer_<ii>: the whole block's, not a site's
+        split[1]: dict(v)
+        for k, v in metrics.items()
+        if (split := split_layer_key(k)) is not None and split[0] == prefix + "grad_norm"
+    }
+    steps = sorted({s for v in block_grads.values() for s in v})
+    last = layer_key(n_layers - 1, layer_width(n_layers))
     by_step: list[dict[str, Any]] = []
     for step in steps:
-        grads = {
-            int(k.rsplit("_", 1)[1]): dict(v).get(step)
-            for k, v in metrics.items()
-            if k.startswith(prefix + "grad_norm/layer_")
-        }
+        grads = {i: v.get(step) for i, v in block_grads.items()}
         grads = {i: g for i, g in grads.items() if g is not None and math.isfinite(g)}
         entropy = dict(metrics.get(f"{prefix}attn_entropy/{last}", [])).get(step, math.nan)
         by_step.append(
@@ -485,29 +479,11 @@ def layer_importance(module: LlamaLM, batches: list[dict[str, torch.Tensor]]) ->
 
 
 def _variance_bound(spec: RunSpec, module: LlamaLM) -> dict[str, Any] | None:
-    """The theorem condition ``lambda/kappa < 1/sqrt(L)`` for BHyT schemes, at the initial and the learned lambdas."""
-    scheme = build_norm_scheme(spec.norm, **spec.norm_args)
-    report = getattr(scheme, "variance_bound_report", None)
-    if not callable(report):
-        return None
-    n_layers = module.config.n_layers
-    kappa = float(scheme.kappa_value)
-    learned: dict[str, float] = {}
-    for site in ("attn_in", "mlp_in"):
-        values = [float(getattr(layer.norms, site).lambda_.detach().abs().max()) for layer in module.model.layers]
-        learned[site] = max(values)
-    threshold = 1.0 / math.sqrt(n_layers)
-    return {
-        "n_layers": n_layers,
-        "kappa": kappa,
-        "lambda_attn": scheme.lambda_attn,
-        "lambda_mlp": scheme.lambda_mlp,
-        "threshold": threshold,
-        "at_init": report(n_layers),
-        "learned_max_lambda_attn": learned["attn_in"],
-        "learned_max_lambda_mlp": learned["mlp_in"],
-        "learned_holds": all(v / kappa < threshold for v in learned.values()),
-    }
+    """The scheme's ``variance_bound`` diagnostic (BHyT: ``lambda/kappa < 1/sqrt(L)`` at the initial and the
+    learned lambdas), None for schemes without one."""
+    scheme = module.config.norm_scheme()
+    blocks = [layer.norms for layer in module.model.layers]
+    return scheme.diagnostics(module.config.n_layers, blocks).get("variance_bound")
 
 
 def run_one(

@@ -191,6 +191,8 @@ def test_site_step_runs_every_new_scheme(scheme: str) -> None:
     if scheme in ("post_ln", "mix_ln"):  # the block output is normalised: unit RMS per token
         torch.testing.assert_close(y.pow(2).mean(-1), torch.ones(8), atol=1e-4, rtol=1e-4)
     assert all(p.grad is None for p in norms.parameters())  # the step clears what it accumulated
+
+
 def test_chunked_loss_saves_no_full_logits_for_backward() -> None:
     """What backward keeps is what the step's peak memory grows by: counted exactly with saved-tensor hooks
     (in-process RSS is too noisy for a test; the bench measures RSS with each side in its own process).

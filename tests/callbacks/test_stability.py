@@ -17,12 +17,8 @@ from reference_model import rms, rope_ref
 from test_depth_stats import MemoryLogger, hand_set_lm
 
 from bhyt_pl.callbacks import SpikeDetector, StabilityMonitor
-from bhyt_pl.callbacks.stability import (
-    _lse_and_key_average_chunked,
-    causal_attention_entropy,
-    token_excess_kurtosis,
-    token_max_over_median,
-)
+from bhyt_pl.callbacks.attention_entropy import _lse_and_key_average_chunked, causal_attention_entropy
+from bhyt_pl.callbacks.stability import token_excess_kurtosis, token_max_over_median
 from bhyt_pl.module import LlamaLM
 
 
@@ -43,14 +39,14 @@ def test_entropy_equals_softmax_of_explicit_scores(path: str, monkeypatch: pytes
     q, k = 3.0 * torch.randn(2, 4, 37, 8, generator=g), 3.0 * torch.randn(2, 2, 37, 8, generator=g)  # peaked
     if path == "chunked":
         monkeypatch.setattr(
-            "bhyt_pl.callbacks.stability._lse_and_key_average",
+            "bhyt_pl.callbacks.attention_entropy._lse_and_key_average",
             lambda q, k, scale: _lse_and_key_average_chunked(q, k, scale, chunk=8),
         )
     expected = explicit_entropy(q, k)
     assert 0.1 < expected.mean() < 0.8 * math.log(37)  # neither uniform nor one-hot: a discriminating case
     torch.testing.assert_close(causal_attention_entropy(q, k).double(), expected, atol=2e-4, rtol=1e-4)
     if path == "fused":
-        from bhyt_pl.callbacks.stability import _FUSED_OK
+        from bhyt_pl.callbacks.attention_entropy import _FUSED_OK
 
         assert _FUSED_OK["cpu"]  # the CPU kernel that returns the log-sum-exp was used
 

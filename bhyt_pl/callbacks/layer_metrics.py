@@ -1,0 +1,139 @@
+"""Per-layer metrics: the ``layer_<ii>`` key format, their accumulation over forward passes and their exact
+reduction over ranks, shared by ``DepthStatsMonitor``, ``StabilityMonitor`` and the depth study.
+
+A per-layer statistic is named ``<stat>[/<site>]/layer_<ii>``, ``<ii>`` the 0-based block index zero-padded
+to ``layer_width(n_layers)`` digits (at least 2, so keys sort in depth order). Means are kept as a sum and
+a count per key, so a mean over several passes and ranks is exact: sum the sums, sum the counts, divide.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+__all__ = ["LayerMetrics", "layer_index", "layer_key", "layer_series", "layer_width", "split_layer_key"]
+
+LAYER_PREFIX = "layer_"
+
+
+def layer_width(n_layers: int) -> int:
+    """Digits of the layer index in keys of a model with ``n_layers`` blocks (at least 2)."""
+    return max(2, len(str(n_layers - 1)))
+
+
+def layer_key(index: int, width: int = 2) -> str:
+    """``layer_<ii>`` for block ``index``: ``layer_key(3) == "layer_03"``."""
+    return f"{LAYER_PREFIX}{index:0{width}d}"
+
+
+def split_layer_key(key: str) -> tuple[str, int] | None:
+    """``("<stat>[/<site>]", index)`` of a per-layer key (``"saturation/mlp_in/layer_03"`` ->
+    ``("saturation/mlp_in", 3)``), None for a key that does not end in ``/layer_<ii>``."""
+    head, _, last = key.rpartition("/")
+    digits = last.removeprefix(LAYER_PREFIX)
+    if not head or last == digits or not digits.isdigit():
+        return None
+    return head, int(digits)
+
+
+def layer_index(key: str) -> int | None:
+    """The block index of a per-layer key, None for other keys."""
+    split = split_layer_key(key)
+    return None if split is None else split[1]
+
+
+def layer_series(stats: dict[str, float], stat: str) -> list[float]:
+    """``[value of layer 0, layer 1, ...]`` of one statistic (``"magnitude"``, ``"saturation/mlp_in"``) from
+    per-layer keys; keys of other statistics (including ``<stat>/<site>/layer_<ii>``) are ignored."""
+    points = {}
+    for key, value in stats.items():
+        split = split_layer_key(key)
+        if split is not None and split[0] == stat:
+            points[split[1]] = value
+    return [points[i] for i in sorted(points)]
+
+
+class LayerMetrics:
+    """Sums and counts per key (means), and maxima per key, accumulated in float64 over forward passes.
+
+    ``pack`` lays every value out in one tensor ``[sums, counts, maxima]`` for one collective; ``unpack``
+    turns a reduced tensor's values back into ``{key: mean or maximum}``. ``compute`` does both around an
+    ``all_gather`` (sums of sums and counts, maxima of maxima).
+
+    Example:
+        >>> m = LayerMetrics()
+        >>> m.add("magnitude/layer_00", torch.tensor(3.0), 2)
+        >>> m.add("magnitude/layer_00", torch.tensor(5.0), 2)
+        >>> m.max("max_abs/layer_00", torch.tensor(7.0))
+        >>> m.compute()
+        {'magnitude/layer_00': 2.0, 'max_abs/layer_00': 7.0}
+    """
+
+    def __init__(self) -> None:
+        self._sums: dict[str, torch.Tensor] = {}
+        self._counts: dict[str, torch.Tensor] = {}
+        self._maxes: dict[str, torch.Tensor] = {}
+
+    @property
+    def empty(self) -> bool:
+        return not self._counts and not self._maxes
+
+    def keys(self) -> list[str]:
+        """Every key, means then maxima, each sorted (the order of ``pack``)."""
+        return sorted(self._sums) + sorted(self._maxes)
+
+    def reset(self) -> None:
+        self._sums.clear()
+        self._counts.clear()
+        self._maxes.clear()
+
+    def add(self, key: str, total: torch.Tensor, count: float | torch.Tensor) -> None:
+        """Add ``total`` (a sum over ``count`` items) to the mean of ``key``."""
+        total = total.detach().to(torch.float64)
+        count = torch.as_tensor(count, dtype=torch.float64, device=total.device)
+        if key in self._sums:
+            self._sums[key] = self._sums[key].to(total.device) + total
+            self._counts[key] = self._counts[key].to(total.device) + count
+        else:
+            self._sums[key], self._counts[key] = total, count
+
+    def max(self, key: str, value: torch.Tensor) -> None:
+        """Keep the maximum of ``value`` and the values seen before under ``key``."""
+        value = value.detach().to(torch.float64)
+        self._maxes[key] = torch.maximum(self._maxes[key].to(value.device), value) if key in self._maxes else value
+
+    def pack(self, device: torch.device | None = None) -> torch.Tensor:
+        """``[sums (M), counts (M), maxima (X)]`` in key order, float64, on ``device`` (default: that of the
+        first sum, else the CPU)."""
+        mean_keys, max_keys = sorted(self._sums), sorted(self._maxes)
+        if device is None:
+            device = next(iter(self._sums.values())).device if mean_keys else torch.device("cpu")
+        empty = torch.zeros(0, dtype=torch.float64, device=device)
+        sums = torch.stack([self._sums[k].to(device) for k in mean_keys]) if mean_keys else empty
+        counts = torch.stack([self._counts[k].to(device) for k in mean_keys]) if mean_keys else empty
+        maxes = torch.stack([self._maxes[k].to(device) for k in max_keys]) if max_keys else empty
+        return torch.cat([sums, counts, maxes])  # one collective for everything
+
+    def unpack(self, values: list[float]) -> dict[str, float]:
+        """``{key: sum / count}`` and ``{key: maximum}`` from the values of a (reduced) ``pack``."""
+        mean_keys, max_keys = sorted(self._sums), sorted(self._maxes)
+        m = len(mean_keys)
+        result = {k: values[i] / max(values[m + i], 1e-30) for i, k in enumerate(mean_keys)}
+        result.update({k: values[2 * m + i] for i, k in enumerate(max_keys)})
+        return result
+
+    def compute(self, all_gather: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict[str, float]:
+        """Means and maxima per key, reduced over ranks when ``all_gather`` is given.
+
+        Args:
+            all_gather: maps a local tensor [K] to the stacked tensors of every rank [world, K]
+                (``trainer.strategy.all_gather``); every rank must call ``compute`` together.
+        """
+        packed = self.pack()
+        if all_gather is not None:
+            gathered = all_gather(packed)  # [world, 2M + X]
+            if gathered.ndim == 2:
+                m = 2 * len(self._sums)
+                packed = torch.cat([gathered[:, :m].sum(dim=0), gathered[:, m:].amax(dim=0)])
+        return self.unpack(packed.cpu().tolist())
