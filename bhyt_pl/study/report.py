@@ -498,7 +498,7 @@ def importance_table(results: Sequence[RunResult], groups: Sequence[Any], design
         q = max(1, n // 4)
         quarters = [mean[i * q : (i + 1) * q] if i < 3 else mean[3 * q :] for i in range(4)]
         rows.append(
-            [g.label, str(len(runs))]
+            [_flag(design, g.label), str(len(runs))]
             + [_num(_mean(part)) for part in quarters]
             + [str(int(max(range(n), key=lambda i: mean[i])) + 1), f"{sum(v < 0.01 for v in mean)}/{n}"]
         )
@@ -546,7 +546,7 @@ def approximation_table(results: Sequence[RunResult], groups: Sequence[Any], des
                 per_run.append(_mean([v for i, v in layers.items() if i >= lo and (hi is None or i < hi)]))
             return _num(_mean(per_run))
 
-        cells = [g.label, ratio("bhyt_moment_ratio", 0, 4), ratio("bhyt_moment_ratio", 4, None)]
+        cells = [_flag(design, g.label), ratio("bhyt_moment_ratio", 0, 4), ratio("bhyt_moment_ratio", 4, None)]
         cells += [ratio("bhyt_moment_ratio_first8", 0, None), ratio("bhyt_moment_ratio_rest", 0, None)]
         for stat in ("magnitude", "variance"):
             if not ref_runs or g.label == reference:
@@ -593,8 +593,8 @@ def growth_rows(results: Sequence[RunResult], groups: Sequence[Any], design: Any
         for lr in rates:
             runs = evaluation_runs(results, g.label, s.candidate, lr)
             ivs = {m: stats.interval(per_seed(runs, m).values()) for m in GROWTH_METRICS}
-            label = f"{lr:g}" + (" (best)" if lr == s.lr else "")
-            out.append((g.label, label, ivs))
+            best = lr == s.lr
+            out.append((_flag(design, g.label) if best else g.label, f"{lr:g}" + (" (best)" if best else ""), ivs))
     return out
 
 
@@ -622,7 +622,7 @@ def growth_prose(rows: list[tuple[str, str, dict]]) -> list[str]:
         m = ivs["magnitude_growth"]
         if not math.isfinite(m.mean):
             continue
-        by_group.setdefault(group, []).append(
+        by_group.setdefault(group.split(" (edge: ", 1)[0], []).append(
             f"at lr {lr} the last layer's magnitude is {_num(math.exp(m.mean))}x layer L/4's "
             f"(ln {_num(m.mean)}): {growth_words(m)}"
         )
