@@ -34,6 +34,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from bhyt_pl.callbacks.checkpointing import RunCheckpoint
 from bhyt_pl.errors import UsageError
 from bhyt_pl.module import LlamaLM
+from bhyt_pl.runs import run_loggers
 
 __all__ = ["BHyTCLI", "main"]
 
@@ -43,6 +44,7 @@ TOOLS = {
     "study": "bhyt_pl.study",
     "consolidate": "bhyt_pl.checkpoint_io",
     "export": "bhyt_pl.convert",
+    "compare": "bhyt_pl.compare",
 }
 """Subcommands that are not Lightning's: each module exposes ``main(argv) -> int``."""
 
@@ -140,13 +142,17 @@ class BHyTCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         cfg = self._subcommand_config()
         run_dir = self._run_dir(cfg)
-        if cfg.trainer.logger is None or cfg.trainer.logger is True:
+        if cfg.trainer.logger is not False:
             logger_args: dict[str, Any] = {"save_dir": cfg.runs_dir, "name": run_dir.name}
             resumed = _resumed_run_version(cfg.get("ckpt_path")) if self.subcommand == "fit" else None
             if resumed is not None:  # a resume continues its version folder: one run, one TensorBoard curve
                 runs_dir, name, version = resumed
                 logger_args = {"save_dir": str(runs_dir), "name": name, "version": version}
-            cfg.trainer.logger = {"class_path": "bhyt_pl.runs.RunLogger", "init_args": logger_args}
+            run_logger = {"class_path": "bhyt_pl.runs.RunLogger", "init_args": logger_args}
+            if cfg.trainer.logger is None or cfg.trainer.logger is True:
+                cfg.trainer.logger = run_logger
+            else:  # a recipe's own loggers (recipes/loggers/*.yaml), beside the run folder's TensorBoard log
+                cfg.trainer.logger = run_loggers(cfg.trainer.logger, run_logger, cfg.runs_dir, run_dir.name)
         if cfg.checkpoint.dirpath is None and cfg.trainer.logger is False:
             cfg.checkpoint.dirpath = str(run_dir / "checkpoints")  # no version folders without a logger
         callbacks = list(cfg.trainer.callbacks or [])

@@ -7,6 +7,7 @@ and ``checkpoints/`` (``last.ckpt``); one run version is one folder and one Tens
 - ``find_last_checkpoint`` is what ``--ckpt_path last`` means: the newest version's last checkpoint,
   falling back to the layout before versioned folders (``<run_name>/checkpoints/``).
 - ``checkpoint_run_version`` tells which run version a checkpoint belongs to, so a resume continues in it.
+- ``run_loggers`` completes a recipe's own ``trainer.logger`` (W&B, MLflow, CSV) with the run's folder and name.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.loggers import TensorBoardLogger
@@ -25,6 +27,7 @@ __all__ = [
     "claim_version",
     "find_last_checkpoint",
     "last_checkpoint_candidates",
+    "run_loggers",
 ]
 
 _VERSION = re.compile(r"version_(\d+)")
@@ -113,3 +116,70 @@ class RunLogger(TensorBoardLogger):
     def adopt_version(self, version: int | str) -> None:
         """Use rank 0's version on this rank (a version number or folder name)."""
         self._version = version
+
+
+def run_loggers(configured: Any, run_logger: dict[str, Any], runs_dir: str, run_name: str) -> list[Any]:
+    """The loggers of a run whose recipe sets ``trainer.logger`` (one logger or a list, as parsed by LightningCLI).
+
+    The run folder's ``RunLogger`` (TensorBoard, ``config.yaml``, checkpoints, ``--ckpt_path last``) comes
+    first unless the recipe has a TensorBoard logger of its own. W&B, MLflow and CSV loggers whose folder and
+    run name are left at their defaults write under ``runs_dir`` and carry the run's name: W&B in
+    ``<runs_dir>/<run_name>/wandb/``, MLflow in the local store ``<runs_dir>/mlflow.db`` with artifacts in
+    ``<runs_dir>/mlartifacts/`` (unless it has a ``tracking_uri``), CSV (``name`` left at ``lightning_logs``)
+    in ``<runs_dir>/<run_name>/csv/version_N/``."""
+    loggers = list(configured) if isinstance(configured, (list, tuple)) else [configured]
+    for logger in loggers:
+        init_args = _get(logger, "init_args")
+        if init_args is not None:
+            _complete_logger(str(_get(logger, "class_path") or "").rsplit(".", 1)[-1], init_args, runs_dir, run_name)
+    if not any(_is_tensorboard(_get(logger, "class_path")) for logger in loggers):
+        loggers.insert(0, run_logger)
+    return loggers
+
+
+def _complete_logger(cls: str, args: Any, runs_dir: str, run_name: str) -> None:
+    """Fill the settings a logger left at its defaults with the run's folder and name."""
+    run_dir = str(Path(runs_dir) / run_name)
+    if cls == "WandbLogger":
+        if _get(args, "save_dir") == ".":
+            _set(args, "save_dir", run_dir)  # <runs_dir>/<run_name>/wandb/
+        if _get(args, "name") is None:
+            _set(args, "name", run_name)
+    elif cls == "MLFlowLogger":
+        if _get(args, "save_dir") == "./mlruns" and not _get(args, "tracking_uri"):
+            # one local store for all runs; MLflow 3 refuses its file store without MLFLOW_ALLOW_FILE_STORE=true
+            root = Path(runs_dir).absolute()
+            root.mkdir(parents=True, exist_ok=True)
+            _set(args, "tracking_uri", f"sqlite:///{root / 'mlflow.db'}")
+            if _get(args, "artifact_location") is None:
+                _set(args, "artifact_location", str(root / "mlartifacts"))
+        if _get(args, "run_name") is None:
+            _set(args, "run_name", run_name)
+    elif cls == "CSVLogger" and _get(args, "name") == "lightning_logs":
+        # save_dir is required by CSVLogger, so a preset gives one; the default name marks it as a placeholder
+        _set(args, "save_dir", run_dir)
+        _set(args, "name", "csv")  # <runs_dir>/<run_name>/csv/version_N/metrics.csv
+
+
+def _get(obj: Any, key: str) -> Any:
+    return obj.get(key) if isinstance(obj, dict) else getattr(obj, key, None)
+
+
+def _set(obj: Any, key: str, value: Any) -> None:
+    if isinstance(obj, dict):
+        obj[key] = value
+    else:
+        setattr(obj, key, value)
+
+
+def _is_tensorboard(class_path: Any) -> bool:
+    if not isinstance(class_path, str) or "." not in class_path:
+        return False
+    import importlib
+
+    module, name = class_path.rsplit(".", 1)
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return False  # LightningCLI reports the bad class path itself
+    return isinstance(cls, type) and issubclass(cls, TensorBoardLogger)

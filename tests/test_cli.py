@@ -15,10 +15,11 @@ from bhyt_pl.cli import main, user_error_message
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes"
-OVERLAY_DIRS = ("norms", "distributed")
+OVERLAY_DIRS = ("norms", "distributed", "loggers")
 BASES = sorted(p for p in RECIPES.rglob("*.yaml") if p.parent.name not in OVERLAY_DIRS)
 OVERLAYS = sorted((RECIPES / "norms").glob("*.yaml"))
 STRATEGIES = sorted((RECIPES / "distributed").glob("*.yaml"))
+LOGGERS = sorted((RECIPES / "loggers").glob("*.yaml"))
 
 
 def _print_config(capsys, *args: str) -> dict:
@@ -54,6 +55,14 @@ def test_qk_norm_is_one_line_on_any_scheme(capsys) -> None:
     line = ["--model.norm", "post_ln", "--model.overrides", "{qk_norm: true}"]
     config = _print_config(capsys, "--config", str(RECIPES / "tiny.yaml"), *line)
     assert config["model"]["norm"] == "post_ln" and config["model"]["overrides"] == {"qk_norm": True}
+
+
+@pytest.mark.parametrize("overlay", LOGGERS, ids=lambda p: p.stem)
+def test_every_logger_overlay_appends_its_logger(overlay: Path, capsys) -> None:
+    assert {p.stem for p in LOGGERS} == {"wandb", "mlflow", "csv"}
+    (expected,) = yaml.safe_load(overlay.read_text())["trainer"]["logger+"]
+    config = _print_config(capsys, "--config", str(RECIPES / "tiny.yaml"), "--config", str(overlay))
+    assert [lg["class_path"] for lg in config["trainer"]["logger"]] == [expected["class_path"]]
 
 
 @pytest.mark.parametrize("overlay", STRATEGIES, ids=lambda p: p.stem)

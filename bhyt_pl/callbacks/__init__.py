@@ -13,6 +13,7 @@ from bhyt_pl.callbacks.blocks import LocatedBlocks, QKProjections, locate_blocks
 from bhyt_pl.callbacks.checkpointing import RunCheckpoint
 from bhyt_pl.callbacks.depth_stats import SITES, DepthStatsCollector, DepthStatsMonitor, depth_figures
 from bhyt_pl.callbacks.layer_metrics import LayerMetrics, layer_key, layer_series, layer_width, split_layer_key
+from bhyt_pl.callbacks.loggers import log_figures
 from bhyt_pl.callbacks.norm_refresh import NormConstantRefresh, default_refresh_interval, norm_refresh_callbacks
 from bhyt_pl.callbacks.progress import StepProgressBar
 from bhyt_pl.callbacks.stability import SpikeDetector, StabilityMonitor
@@ -49,6 +50,7 @@ __all__ = [
     "layer_series",
     "layer_width",
     "locate_blocks",
+    "log_figures",
     "norm_refresh_callbacks",
     "peak_flops_for",
     "split_layer_key",

@@ -30,7 +30,8 @@ Statistics (all per token over the hidden dimension, averaged over the tokens of
 
 The site statistics after ``site_rms`` come from the scheme itself (``BlockNorms.site_statistics``), so a new
 scheme reports its own without an edit here. Scalars are named ``depth/<stat>[/<site>]/layer_<ii>``
-(``bhyt_pl.callbacks.layer_metrics``); figures (TensorBoard only) ``depth/<stat>``.
+(``bhyt_pl.callbacks.layer_metrics``); figures ``depth/<stat>`` go to every logger
+that takes images (``bhyt_pl.callbacks.loggers``: TensorBoard, W&B, MLflow, CSV).
 """
 
 from __future__ import annotations
@@ -43,7 +44,6 @@ from typing import Any
 import lightning as L
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 from torch.utils.hooks import RemovableHandle
@@ -51,6 +51,7 @@ from typing_extensions import override
 
 from bhyt_pl.callbacks.blocks import BlocksSpec, LocatedBlocks, locate_blocks
 from bhyt_pl.callbacks.layer_metrics import LayerMetrics, layer_key, layer_width, split_layer_key
+from bhyt_pl.callbacks.loggers import log_figures
 from bhyt_pl.norms import BlockNorms
 from bhyt_pl.norms.bhyt import MOMENT_RATIO_FIRST_POSITIONS
 
@@ -189,14 +190,14 @@ class DepthStatsMonitor(L.Callback):
     removed before its backward pass; the forward code is untouched and nothing is stored on modules.
     Under DDP/FSDP2 every rank collects on the same steps, one ``all_gather`` reduces the sums, and
     rank 0 writes ``depth/<stat>[/<site>]/layer_<ii>`` scalars to every logger and one
-    value-against-depth figure per statistic (``depth/<stat>``) to TensorBoard loggers.
+    value-against-depth figure per statistic (``depth/<stat>``) to every logger that takes images.
 
     Args:
         every_n_steps: log every this many optimizer steps (plus step 1 when ``log_first_step``).
         log_first_step: also log at step 1 (the statistics of the initial weights).
         validation: also log the statistics of the first validation batch of every validation run,
             under ``depth_val/...``.
-        figures: draw the figures (matplotlib) on TensorBoard loggers.
+        figures: draw the figures (matplotlib) for TensorBoard, W&B, MLflow and CSV loggers.
         saturation_threshold: ``|tanh argument|`` above which a coordinate counts as saturated.
         blocks: where the transformer blocks are, for models the locator does not know: a dotted path
             from the LightningModule (``"net.decoder.layers"``) or a callable returning them
@@ -346,10 +347,11 @@ class DepthStatsMonitor(L.Callback):
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)
         if self.figures:
-            for logger in trainer.loggers:
-                if isinstance(logger, TensorBoardLogger):
-                    for name, figure in depth_figures(stats, step, prefix).items():
-                        logger.experiment.add_figure(f"{prefix}/{name}", figure, global_step=step)
+            log_figures(
+                trainer.loggers,
+                lambda: {f"{prefix}/{name}": fig for name, fig in depth_figures(stats, step, prefix).items()},
+                step,
+            )
 
 
 def depth_figures(stats: dict[str, float], step: int, prefix: str = "depth") -> dict[str, Any]:

@@ -31,7 +31,8 @@ deviations (OLMo-core's definition: 128 and 6); non-finite values are spikes too
 and ``stability/grad_norm_total``. The windows and counts are the callback's state in checkpoints, so a
 resumed run continues them.
 
-Figures (TensorBoard): one value-against-depth figure per statistic, ``stability/<stat>``.
+Figures (TensorBoard, W&B, MLflow, CSV: ``bhyt_pl.callbacks.loggers``): one value-against-depth
+figure per statistic, ``stability/<stat>``.
 
 Distributed (DDP, FSDP2): sums and token counts are summed over ranks (so means are exact), gradient
 norms of sharded parameters are summed shard by shard into full-tensor norms, and rank 0 writes.
@@ -51,7 +52,6 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 from torch.utils.hooks import RemovableHandle
@@ -61,6 +61,7 @@ from bhyt_pl.callbacks.attention_entropy import causal_attention_entropy
 from bhyt_pl.callbacks.blocks import BlocksSpec, LocatedBlocks, locate_blocks
 from bhyt_pl.callbacks.depth_stats import SITES, depth_figures
 from bhyt_pl.callbacks.layer_metrics import LayerMetrics, layer_key, layer_width
+from bhyt_pl.callbacks.loggers import log_figures
 from bhyt_pl.norms import BlockNorms
 
 __all__ = [
@@ -161,7 +162,7 @@ class StabilityMonitor(L.Callback):
     Args:
         every_n_steps: compute the per-layer statistics every this many optimizer steps.
         log_first_step: also at step 1 (the initial weights).
-        figures: draw value-against-depth figures on TensorBoard loggers.
+        figures: draw value-against-depth figures for TensorBoard, W&B, MLflow and CSV loggers.
         spike_window: previous steps the rolling mean and standard deviation cover.
         spike_sigma: a value above mean + ``spike_sigma`` standard deviations is a spike.
         spike_min_history: values needed before spikes are counted (default: a full window).
@@ -455,10 +456,12 @@ class StabilityMonitor(L.Callback):
             logger.log_metrics(metrics, step=step)
         if logging_step and self.figures:
             per_layer = {k: v for k, v in stats.items() if "/layer_" in k}
-            for logger in trainer.loggers:
-                if isinstance(logger, TensorBoardLogger) and per_layer:
-                    for name, figure in depth_figures(per_layer, step, "stability").items():
-                        logger.experiment.add_figure(f"stability/{name}", figure, global_step=step)
+            if per_layer:
+
+                def draw() -> dict[str, Any]:
+                    return {f"stability/{k}": fig for k, fig in depth_figures(per_layer, step, "stability").items()}
+
+                log_figures(trainer.loggers, draw, step)
 
     @override
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:

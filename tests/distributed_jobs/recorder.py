@@ -38,6 +38,9 @@ class StepRecorder(L.Callback):
                 "loss": float(outputs["loss"]),
                 "lr": trainer.optimizers[0].param_groups[0]["lr"],
                 "rows": rows,
+                "num_nodes": trainer.num_nodes,
+                "node_rank": trainer.node_rank,
+                "world_size": trainer.world_size,
             },
         )
 

@@ -1,0 +1,325 @@
+"""``python -m bhyt_pl compare RUN ...``: several runs side by side in one figure and one table.
+
+A RUN is a run version folder (``runs/tiny-bhyt/version_0``, its TensorBoard event files), a run folder
+(``runs/tiny-bhyt``: its newest version), or a depth study's ``results.json`` (or its folder), whose runs
+``--only`` filters by label. The figure (``--out``, PNG) has six panels:
+
+- train and val loss against training tokens (``config.yaml``'s global batch x sequence length x steps;
+  steps where a run has no ``config.yaml``);
+- the last logged depth profile: ``depth/magnitude`` and ``depth/variance`` against layer;
+- the last stability profile: ``stability/grad_norm`` and ``stability/attn_entropy`` against layer.
+
+Beside it (same name, ``.md``) a markdown table of each run's final values: last logged step, tokens, train and val
+loss, last-layer magnitude and variance, loss and gradient-norm spike counts; the table is printed too.
+Runs are labelled by their norm and norm arguments (``hparams.yaml``). Runs of different lengths and runs
+still in progress (event files being written) are read as they are: each curve ends where its run is.
+
+Example:
+    python -m bhyt_pl compare runs/tiny-rmsnorm runs/tiny-bhyt --out docs/compare_tiny.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bhyt_pl.errors import UsageError
+
+__all__ = ["RunData", "compare", "load_event_run", "load_runs", "load_study_runs", "main", "markdown_table"]
+
+_LAYER = re.compile(r"layer_(\d+)$")
+PROFILES = ("depth/magnitude", "depth/variance", "stability/grad_norm", "stability/attn_entropy")
+"""Per-layer statistics drawn against depth: the last logged profile of each."""
+
+
+@dataclass
+class RunData:
+    """One run's curves and profiles, from TensorBoard events or a study's ``results.json``.
+
+    ``train_loss`` and ``val_loss`` are ``(step, value)`` pairs in step order; ``tokens_per_step`` is None
+    when unknown (then curves are drawn against steps); ``profiles`` maps a statistic (``depth/magnitude``)
+    to ``(step, [value per layer])`` of its last logged step; ``scalars`` holds final values of single
+    scalars (``stability/loss_spikes``)."""
+
+    label: str
+    source: str
+    train_loss: list[tuple[int, float]] = field(default_factory=list)
+    val_loss: list[tuple[int, float]] = field(default_factory=list)
+    tokens_per_step: int | None = None
+    profiles: dict[str, tuple[int, list[float]]] = field(default_factory=dict)
+    scalars: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def steps(self) -> int:
+        return max([s for s, _ in self.train_loss] + [s for s, _ in self.val_loss], default=0)
+
+    @property
+    def tokens(self) -> int | None:
+        return None if self.tokens_per_step is None else self.steps * self.tokens_per_step
+
+
+# ----------------------------------------------------------------------------- reading
+def norm_label(norm: Any, norm_args: Any, seq_len: Any = None) -> str:
+    """``bhyt (lambda_attn=1.0)``: the norm and its arguments, as a run's hparams give them. BHyT's run fact
+    ``seq_len`` (its T, bound to the training length) is left out when it is the run's ``seq_len``."""
+    name = norm if isinstance(norm, str) else str(getattr(norm, "get", lambda k: None)("class_path") or norm)
+    shown = {k: v for k, v in (norm_args or {}).items() if not (k == "seq_len" and v == seq_len)}
+    args = ", ".join(f"{k}={v}" for k, v in sorted(shown.items()))
+    return f"{name} ({args})" if args else name
+
+
+def _event_dir(path: Path) -> Path:
+    """The folder of a run's event files: ``path`` itself, else its newest ``version_N``."""
+    if any(path.glob("events.out.tfevents.*")):
+        return path
+    versions = [p for p in path.glob("version_*") if p.is_dir() and p.name[8:].isdigit()]
+    versions = [p for p in versions if any(p.glob("events.out.tfevents.*"))]
+    if not versions:
+        raise UsageError(
+            f"compare: {str(path)!r} has no TensorBoard event files, no version_N folder with them and no "
+            f"results.json; give a run version folder (runs/<run_name>/version_N), a run folder or a study's "
+            f"results.json"
+        )
+    return max(versions, key=lambda p: int(p.name[8:]))
+
+
+def _tokens_per_step(config_path: Path) -> int | None:
+    """Global batch x sequence length from a run's resolved ``config.yaml`` (None when it says too little)."""
+    if not config_path.is_file():
+        return None
+    cfg = yaml.safe_load(config_path.read_text()) or {}
+    trainer, data = cfg.get("trainer") or {}, cfg.get("data") or {}
+    data_args = data.get("init_args", data) if isinstance(data, dict) else {}
+    batch = data_args.get("batch_size")
+    seq_len = data_args.get("seq_len") or data_args.get("max_seq_len")
+    devices = trainer.get("devices", 1)
+    if not isinstance(batch, int) or not isinstance(seq_len, int) or not isinstance(devices, int):
+        return None  # "auto" devices or an unknown data module
+    return (
+        batch
+        * seq_len
+        * devices
+        * int(trainer.get("num_nodes") or 1)
+        * int(trainer.get("accumulate_grad_batches") or 1)
+    )
+
+
+def load_event_run(path: str | Path) -> RunData:
+    """One run from its TensorBoard event files (all of a version folder's, resumes included)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    folder = _event_dir(Path(path))
+    hparams_path = folder / "hparams.yaml"
+    hparams = yaml.safe_load(hparams_path.read_text()) or {} if hparams_path.is_file() else {}
+    if "norm" in hparams:
+        label = norm_label(hparams["norm"], hparams.get("norm_args"), hparams.get("seq_len"))
+    else:
+        label = folder.parent.name
+    run = RunData(label=label, source=str(folder), tokens_per_step=_tokens_per_step(folder / "config.yaml"))
+    events = EventAccumulator(str(folder), size_guidance={"scalars": 0, "images": 1, "histograms": 1, "tensors": 1})
+    events.Reload()  # reads what is flushed so far: a run in progress is read up to its last write
+
+    def series(tag: str) -> list[tuple[int, float]]:
+        by_step = {e.step: e.value for e in events.Scalars(tag)}  # a resume's repeated steps: the later value
+        return sorted(by_step.items())
+
+    tags = set(events.Tags()["scalars"])
+    run.train_loss = series("train/loss") if "train/loss" in tags else []
+    run.val_loss = series("val/loss") if "val/loss" in tags else []
+    for stat in PROFILES:
+        layers = sorted(
+            (int(m.group(1)), tag) for tag in tags if (m := _LAYER.search(tag)) and tag == f"{stat}/layer_{m.group(1)}"
+        )
+        if not layers:
+            continue
+        per_layer = [dict(series(tag)) for _, tag in layers]
+        common = set.intersection(*(set(values) for values in per_layer))
+        if common:  # the newest step every layer has (a run in progress may have written only some layers)
+            last = max(common)
+            run.profiles[stat] = (last, [values[last] for values in per_layer])
+    for tag in ("stability/loss_spikes", "stability/grad_norm_spikes"):
+        if tag in tags:
+            run.scalars[tag] = series(tag)[-1][1]
+    return run
+
+
+def load_study_runs(path: str | Path, only: Sequence[str] = ()) -> list[RunData]:
+    """The runs of a depth study's ``results.json`` (``python -m bhyt_pl study``), optionally only those whose
+    label matches one of the ``only`` patterns (``fnmatch``, e.g. ``'bhyt@*-s0'``)."""
+    path = Path(path)
+    path = path / "results.json" if path.is_dir() else path
+    data = json.loads(path.read_text())
+    tokens_per_step = (data.get("meta") or {}).get("tokens_per_step")
+    runs = []
+    for result in data.get("runs", []):
+        spec = result.get("spec", {})
+        name = spec.get("label", "")
+        if only and not any(fnmatch.fnmatchcase(name, pattern) for pattern in only):
+            continue
+        extra = f"lr={spec['lr']:g}, seed={spec.get('seed')}" if "lr" in spec else ""
+        label = norm_label(spec.get("norm", name), spec.get("norm_args")) + (f" [{extra}]" if extra else "")
+        run = RunData(label=label, source=f"{path}:{name}", tokens_per_step=tokens_per_step)
+        run.train_loss = [(int(s), float(v)) for s, v in result.get("losses") or []]
+        if result.get("val_loss") is not None:
+            run.val_loss = [(int(result.get("steps_done") or run.steps), float(result["val_loss"]))]
+        depth = result.get("depth_final") or {}
+        for stat in ("magnitude", "variance"):
+            layers = sorted(
+                (int(k.rsplit("_", 1)[1]), v) for k, v in depth.items() if re.fullmatch(rf"{stat}/layer_\d+", k)
+            )
+            if layers:
+                run.profiles[f"depth/{stat}"] = (run.steps, [v for _, v in layers])
+        stability = result.get("stability") or {}
+        for key in ("loss_spikes", "grad_norm_spikes"):
+            if stability.get(key) is not None:
+                run.scalars[f"stability/{key}"] = float(stability[key])
+        runs.append(run)
+    if not runs:
+        raise UsageError(f"compare: no run of {str(path)!r} matches --only {' '.join(only)}")
+    return runs
+
+
+def load_runs(paths: Sequence[str | Path], only: Sequence[str] = ()) -> list[RunData]:
+    """Every run named by ``paths`` (run folders, version folders, study results), in order; labels that
+    would repeat get their folder appended."""
+    runs: list[RunData] = []
+    for p in map(Path, paths):
+        if not p.exists():
+            raise UsageError(f"compare: {str(p)!r} does not exist")
+        if p.name == "results.json" or (p.is_dir() and (p / "results.json").is_file()):
+            runs.extend(load_study_runs(p, only))
+        else:
+            runs.append(load_event_run(p))
+    labels = [r.label for r in runs]
+    for run in runs:
+        if labels.count(run.label) > 1:
+            run.label = f"{run.label} [{Path(run.source).parent.name}/{Path(run.source).name}]"
+    return runs
+
+
+# ----------------------------------------------------------------------------- writing
+def _fmt(value: float | None, digits: int = 4) -> str:
+    if value is None:
+        return "-"
+    return "nan" if math.isnan(value) else f"{value:.{digits}g}"
+
+
+def markdown_table(runs: Sequence[RunData]) -> str:
+    """Final values per run: the last logged value of each quantity (``-`` where the run has none)."""
+    header = [
+        "run",
+        "last step",
+        "tokens",
+        "train loss",
+        "val loss",
+        "last-layer magnitude",
+        "last-layer variance",
+        "loss spikes",
+        "grad-norm spikes",
+    ]
+    rows = []
+    for r in runs:
+        magnitude, variance = r.profiles.get("depth/magnitude"), r.profiles.get("depth/variance")
+        rows.append(
+            [
+                r.label,
+                str(r.steps),
+                "-" if r.tokens is None else f"{r.tokens:,}",
+                _fmt(r.train_loss[-1][1] if r.train_loss else None),
+                _fmt(r.val_loss[-1][1] if r.val_loss else None),
+                _fmt(magnitude[1][-1] if magnitude else None),
+                _fmt(variance[1][-1] if variance else None),
+                _fmt(r.scalars.get("stability/loss_spikes"), 6),
+                _fmt(r.scalars.get("stability/grad_norm_spikes"), 6),
+            ]
+        )
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows]) + "\n"
+
+
+def compare_figure(runs: Sequence[RunData]) -> Any:
+    """The six-panel figure (a plain matplotlib ``Figure``, no pyplot state)."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    figure = Figure(figsize=(15, 8.5), dpi=100, layout="constrained")
+    axes = figure.subplots(2, 3).ravel()
+    colors = [f"C{i % 10}" for i in range(len(runs))]
+    by_tokens = all(r.tokens_per_step is not None for r in runs)
+    x_label = "training tokens" if by_tokens else "step"
+    for ax, attr, title in ((axes[0], "train_loss", "train loss"), (axes[1], "val_loss", "val loss")):
+        for run, color in zip(runs, colors):
+            points = getattr(run, attr)
+            if points:
+                scale = run.tokens_per_step if by_tokens else 1
+                xs, ys = [s * scale for s, _ in points], [v for _, v in points]
+                ax.plot(xs, ys, color=color, label=run.label, marker="o" if len(points) < 12 else None, ms=3)
+        ax.set(title=title, xlabel=x_label, ylabel="loss (nats)")
+    panels = (
+        (axes[2], "depth/magnitude", "magnitude (mean token L2 norm)", True),
+        (axes[3], "depth/variance", "variance across d", True),
+        (axes[4], "stability/grad_norm", "block gradient norm", True),
+        (axes[5], "stability/attn_entropy", "attention entropy (nats)", False),
+    )
+    for ax, stat, ylabel, log_scale in panels:
+        drawn = False
+        for run, color in zip(runs, colors):
+            if stat in run.profiles:
+                step, values = run.profiles[stat]
+                ax.plot(range(len(values)), values, color=color, marker="o", ms=3, label=f"{run.label} (step {step})")
+                drawn = True
+        ax.set(title=f"{stat}, last logged step", xlabel="layer", ylabel=ylabel)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if drawn and log_scale:
+            ax.set_yscale("log")
+        if not drawn:
+            ax.text(0.5, 0.5, "not logged by these runs", ha="center", va="center", transform=ax.transAxes)
+    for ax in axes:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    return figure
+
+
+def compare(paths: Sequence[str | Path], out: str | Path, only: Sequence[str] = ()) -> tuple[Path, Path, str]:
+    """Read the runs, write the figure to ``out`` (PNG) and the table beside it (``.md``).
+
+    Returns:
+        ``(figure path, table path, table)``."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    runs = load_runs(paths, only)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figure = compare_figure(runs)
+    FigureCanvasAgg(figure)
+    figure.savefig(out, format="png")
+    table = markdown_table(runs)
+    table_path = out.with_suffix(".md")
+    table_path.write_text(table)
+    return out, table_path, table
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bhyt_pl compare",
+        description="Runs side by side: loss against tokens, depth profiles and stability in one figure, plus a "
+        "markdown table of final values.",
+    )
+    parser.add_argument("runs", nargs="+", help="run folders (runs/<name> or runs/<name>/version_N) or results.json")
+    parser.add_argument("--out", default="compare.png", help="the figure (PNG); the table goes beside it as .md")
+    parser.add_argument("--only", nargs="*", default=[], help="labels of results.json runs to keep (glob patterns)")
+    args = parser.parse_args(argv)
+    figure_path, table_path, table = compare(args.runs, args.out, args.only)
+    print(table, end="")
+    print(f"wrote {figure_path} and {table_path}")
+    return 0
