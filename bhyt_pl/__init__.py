@@ -1,5 +1,6 @@
 """bhyt_pl: BHyT (Bounded Hyperbolic Tanh) and its normalization baselines for Llama, on Lightning."""
 
+from bhyt_pl._version import __version__ as __version__
 from bhyt_pl.checkpoint import LoadedModel, load_model
 from bhyt_pl.config import PRESETS, LlamaConfig
 from bhyt_pl.model import KVCache, Llama
@@ -21,4 +22,3 @@ __all__ = [
     "register_norm",
     "registered_norms",
 ]
-__version__ = "0.1.0"

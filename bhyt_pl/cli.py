@@ -34,6 +34,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from bhyt_pl.callbacks.checkpointing import RunCheckpoint
 from bhyt_pl.errors import UsageError
 from bhyt_pl.module import LlamaLM
+from bhyt_pl.run_config import data_run_facts
 from bhyt_pl.runs import run_loggers
 
 __all__ = ["BHyTCLI", "main"]
@@ -50,12 +51,8 @@ TOOLS = {
 
 
 def _data_seq_len(data: Any) -> int | None:
-    """Training sequence length of any data module (``seq_len`` for C4, ``max_seq_len`` for LIMA)."""
-    for name in ("seq_len", "max_seq_len"):
-        value = getattr(data, name, None)
-        if isinstance(value, int):
-            return value
-    return None
+    """The training sequence length the data module declares among its run facts (``RunFactsSource``)."""
+    return data_run_facts(data).get("seq_len")
 
 
 def _data_tokenizer(data: Any) -> str | None:
@@ -98,7 +95,10 @@ class BHyTCLI(LightningCLI):
         parser.set_defaults({"checkpoint.save_last": True, "checkpoint.every_n_train_steps": 1000})
         parser.add_lightning_class_args(LearningRateMonitor, "lr_monitor")
         parser.set_defaults({"lr_monitor.logging_interval": "step"})
+        # the data module's declared run facts (docs/method.md, section 9): every one to the model, which
+        # builds its config with ``build_run_config``; seq_len also on its own, as LlamaLM records it
         parser.link_arguments("data", "model.seq_len", compute_fn=_data_seq_len, apply_on="instantiate")
+        parser.link_arguments("data", "model.run_facts", compute_fn=data_run_facts, apply_on="instantiate")
         parser.link_arguments("data", "model.tokenizer", compute_fn=_data_tokenizer, apply_on="instantiate")
 
     def _subcommand_config(self) -> Namespace:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -30,7 +31,8 @@ class LlamaConfig:
     """A Llama-3.2-style decoder: RoPE, SwiGLU, grouped-query attention, no biases.
 
     Plain data (names and numbers): a checkpoint stores ``dataclasses.asdict(config)`` and the
-    model is rebuilt from it; the norm scheme is resolved from the registry at build time.
+    model is rebuilt from it. The norm scheme is resolved from the registry once, when the config is
+    built, and held (``norm_scheme()``); build a run's config with ``bhyt_pl.run_config.build_run_config``.
     """
 
     name: str = "custom"
@@ -67,9 +69,12 @@ class LlamaConfig:
     """Share the embedding matrix with the output projection."""
     init_std: float = 0.02
     """Standard deviation of the N(0, std) init of every linear and embedding weight."""
-    qk_norm: bool = False
-    """RMSNorm over the head dimension of queries and keys before RoPE (OLMo-2, Qwen3, Gemma 3), with
-    gains ``attn.q_norm.weight`` and ``attn.k_norm.weight``; combines with every norm scheme."""
+    qk_norm: bool | str = False
+    """QK-norm, an RMSNorm of queries and keys before RoPE, with gains ``attn.q_norm.weight`` and
+    ``attn.k_norm.weight``: ``"head"`` over each head's hd (Qwen3, Gemma 3; gains ``[hd]``), ``"full"``
+    over the whole projection before the head split (OLMo 2; gains ``[H * hd]`` and ``[K * hd]``),
+    ``false`` for none. ``true`` is an alias of ``"head"`` (older configs and checkpoints). Combines with
+    every scheme except those that set their own attention norms (``hybridnorm``)."""
     qk_norm_eps: float = 1e-6
     """Epsilon of the QK-norm RMSNorms (OLMo-2's and Qwen3's 1e-6)."""
 
@@ -95,8 +100,12 @@ class LlamaConfig:
             problems.append(f"rope_theta must be > 0, got {self.rope_theta}")
         if not self.init_std > 0:
             problems.append(f"init_std must be > 0, got {self.init_std}")
-        if not isinstance(self.qk_norm, bool):
-            problems.append(f"qk_norm must be true or false, got {self.qk_norm!r}")
+        from bhyt_pl.norms.base import QK_NORMS
+
+        if self.qk_norm is True:
+            self.qk_norm = "head"
+        if self.qk_norm is not False and self.qk_norm not in QK_NORMS:
+            problems.append(f"qk_norm must be false, 'head', 'full' or true (an alias of 'head'), got {self.qk_norm!r}")
         if not self.qk_norm_eps > 0:
             problems.append(f"qk_norm_eps must be > 0, got {self.qk_norm_eps}")
         if self.rope_scaling is not None:
@@ -108,16 +117,37 @@ class LlamaConfig:
                 f"norm_args must be a mapping of constructor arguments, got {type(self.norm_args).__name__}"
             )
         raise_if_problems("LlamaConfig", problems)
-        self.norm_scheme()  # unknown names and bad norm arguments fail here, before any work
-
-    def norm_scheme(self) -> NormScheme:
-        """The norm scheme this config names, built from the registry."""
         from bhyt_pl.norms import build_norm_scheme
 
-        return build_norm_scheme(self.norm, **self.norm_args)
+        # resolved once, here: unknown names and bad norm arguments fail before any work, and every reader
+        # (the model, the trainer, export) gets this instance instead of resolving the strings again
+        self._scheme: NormScheme = build_norm_scheme(self.norm, **self.norm_args)
+        scheme = self._scheme
+        wrong = {k: v for k, v in scheme.model_settings.items() if getattr(self, k) != v}
+        if wrong:
+            raise ValueError(
+                f"invalid LlamaConfig: norm {self.norm!r} needs "
+                + ", ".join(f"{k}={v!r} (got {getattr(self, k)!r})" for k, v in wrong.items())
+            )
+        if scheme.owns_attention_norms and self.qk_norm:
+            raise ValueError(
+                f"invalid LlamaConfig: norm {self.norm!r} sets its own attention norms; qk_norm must be false, "
+                f"got {self.qk_norm!r}"
+            )
+
+    @property
+    def qk_norm_layout(self) -> str | None:
+        """``"head"``, ``"full"`` or None: the QK-norm this config asks for (``true`` read as ``"head"``)."""
+        return self.qk_norm or None
+
+    def norm_scheme(self) -> NormScheme:
+        """The norm scheme instance this config holds, resolved from ``norm``/``norm_args`` when it was built
+        (its hyperparameters are read from this instance, never from the scheme's signature)."""
+        return self._scheme
 
     def bind(self, **facts: Any) -> LlamaConfig:
-        """This config with its norm scheme's run facts set (``NormScheme.bind``, e.g. ``seq_len=T``).
+        """This config with its norm scheme's run facts set (``NormScheme.bind``, e.g. ``seq_len=T``); entry
+        points call ``bhyt_pl.run_config.build_run_config``, which binds through this.
 
         A copy whose ``norm_args`` carry the bound values, so a checkpoint records the facts its model
         was trained with; ``self`` when nothing changes. Facts the scheme does not declare are ignored.
@@ -128,7 +158,7 @@ class LlamaConfig:
             >>> LlamaConfig.from_name("tiny").bind(seq_len=256).norm_args
             {}
         """
-        bound = self.norm_scheme().bind(**facts)
+        bound = self._scheme.bind(**facts)
         changed = {
             k: getattr(bound, k)
             for k in bound.run_facts
@@ -136,7 +166,11 @@ class LlamaConfig:
         }
         if not changed:
             return self
-        return dataclasses.replace(self, norm_args={**self.norm_args, **changed})
+        config = copy.copy(self)  # already validated: only the norm arguments and the bound instance change
+        config.norm_args = {**self.norm_args, **changed}
+        config.rope_scaling = dict(self.rope_scaling) if self.rope_scaling is not None else None
+        config._scheme = bound
+        return config
 
     @classmethod
     def from_name(cls, name: str, **overrides: Any) -> LlamaConfig:
@@ -152,7 +186,12 @@ class LlamaConfig:
         unknown = set(overrides) - set(fields)
         if unknown:
             raise ValueError(f"unknown LlamaConfig field(s) {sorted(unknown)}; fields: {', '.join(fields)}")
-        return cls(**{**PRESETS[name], "name": name, **overrides})
+        from bhyt_pl.norms.base import scheme_class
+
+        preset = PRESETS[name]
+        norm = overrides.get("norm", preset.get("norm", "rmsnorm"))
+        settings = scheme_class(norm).model_settings  # nGPT: untied; a class declaration, nothing is resolved
+        return cls(**{**preset, "name": name, **settings, **overrides})
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from bhyt_pl.config import ROPE_SCALING_KEYS, LlamaConfig
+from bhyt_pl.hf_config import from_hf_fields, to_hf_fields
 from bhyt_pl.model import Llama
 
 __all__ = [
@@ -108,21 +109,12 @@ def hf_config(config: LlamaConfig) -> Any:
 
     _require_rmsnorm(config)
     return transformers.LlamaConfig(
-        vocab_size=config.vocab_size,
-        hidden_size=config.dim,
-        intermediate_size=config.mlp_dim,
-        num_hidden_layers=config.n_layers,
-        num_attention_heads=config.n_heads,
-        num_key_value_heads=config.n_kv_heads,
-        head_dim=config.head_dim,
-        max_position_embeddings=config.max_seq_len,
+        **to_hf_fields(config),
         rope_theta=config.rope_theta,
         rope_scaling=hf_rope_scaling(config),
         rms_norm_eps=config.norm_args.get("eps", 1e-5),
-        tie_word_embeddings=config.tie_embeddings,
         attention_bias=False,
         mlp_bias=False,
-        initializer_range=config.init_std,
     )
 
 
@@ -149,17 +141,9 @@ def from_hf_llama(hf_model: Any) -> Llama:
     rope_scaling = rope_scaling_from_hf(c)
     config = LlamaConfig(
         name="from-hf",
-        vocab_size=c.vocab_size,
-        dim=c.hidden_size,
-        n_layers=c.num_hidden_layers,
-        n_heads=c.num_attention_heads,
-        n_kv_heads=c.num_key_value_heads,
-        head_dim=getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
-        mlp_dim=c.intermediate_size,
-        max_seq_len=c.max_position_embeddings,
+        **from_hf_fields(c),
         rope_theta=float(rope.get("rope_theta", getattr(c, "rope_theta", 10000.0))),
         rope_scaling=rope_scaling,
-        tie_embeddings=bool(c.tie_word_embeddings),
         norm="rmsnorm",
         norm_args={"eps": float(c.rms_norm_eps)},
     )
@@ -182,7 +166,7 @@ def modeling_source(model: Llama) -> str:
         ValueError: the model's norm scheme is not part of bhyt_pl and provides no source
             (``NormScheme.export_source``).
     """
-    from bhyt_pl import __version__
+    from bhyt_pl._version import __version__
     from bhyt_pl.hf_modeling import BHyTLlamaConfig, BHyTLlamaForCausalLM, TransformersCacheView
     from bhyt_pl.source_bundle import bundle_source, bundled_module
 

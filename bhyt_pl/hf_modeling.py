@@ -28,6 +28,7 @@ from transformers.cache_utils import DynamicCache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from bhyt_pl.config import LlamaConfig
+from bhyt_pl.hf_config import to_hf_fields
 from bhyt_pl.model import Llama, prefix_attention_mask
 
 __all__ = ["BHyTLlamaConfig", "BHyTLlamaForCausalLM", "TransformersCacheView"]
@@ -48,20 +49,10 @@ class BHyTLlamaConfig(PretrainedConfig):
 
     def __init__(self, bhyt: dict[str, Any] | None = None, **kwargs: Any) -> None:
         config = LlamaConfig(**(bhyt or {}))
-        derived = {
-            "vocab_size": config.vocab_size,
-            "hidden_size": config.dim,
-            "intermediate_size": config.mlp_dim,
-            "num_hidden_layers": config.n_layers,
-            "num_attention_heads": config.n_heads,
-            "num_key_value_heads": config.n_kv_heads,
-            "head_dim": config.head_dim,
-            "max_position_embeddings": config.max_seq_len,
-            "initializer_range": config.init_std,
-        }
+        derived = to_hf_fields(config)
         for key in derived:
             kwargs.pop(key, None)  # written by a previous save: always derived again from ``bhyt``
-        kwargs["tie_word_embeddings"] = config.tie_embeddings
+        kwargs["tie_word_embeddings"] = derived.pop("tie_word_embeddings")
         use_cache = kwargs.pop("use_cache", True)
         super().__init__(**kwargs)
         self.bhyt = config.to_dict()

@@ -21,7 +21,7 @@ from torch.utils.checkpoint import checkpoint
 from bhyt_pl.config import LlamaConfig
 from bhyt_pl.init import init_weights
 from bhyt_pl.loss import LossOutput, linear_cross_entropy
-from bhyt_pl.norms import BlockNorms, NormScheme, RMSNorm
+from bhyt_pl.norms import BlockNorms, NormScheme, Scale
 
 __all__ = [
     "Attention",
@@ -138,34 +138,78 @@ class KVCache:
         return prefix_attention_mask(start, length, device)
 
 
+# ----------------------------------------------------------------------------- scheme scales
+def add_scale(module: nn.Module, scale: Scale | None) -> Scale | None:
+    """Register the scheme's ``scale`` on ``module`` as a ``[width]`` parameter named ``scale.name``."""
+    if scale is not None:
+        module.register_parameter(scale.name, nn.Parameter(torch.full((scale.width,), float(scale.init))))
+    return scale
+
+
+def reset_scales(module: nn.Module, scales: Sequence[Scale | None]) -> None:
+    for scale in scales:
+        if scale is not None:
+            nn.init.constant_(getattr(module, scale.name), scale.init)
+
+
+def apply_scale(module: nn.Module, y: torch.Tensor, scale: Scale | None) -> torch.Tensor:
+    """``y * stored * factor`` over the last dimension of ``y``; ``y`` itself when the scheme has no scale."""
+    if scale is None:
+        return y
+    return y * (getattr(module, scale.name) * scale.factor).to(y.dtype)
+
+
 # ----------------------------------------------------------------------------- attention and MLP
 class Attention(nn.Module):
     """Causal grouped-query self-attention through ``scaled_dot_product_attention``.
 
-    With ``config.qk_norm`` the queries and keys pass an RMSNorm over the head dimension (one gain
-    vector of width hd each, shared by the heads) before RoPE, as in OLMo-2, Qwen3 and Gemma 3;
-    otherwise ``q_norm``/``k_norm`` are identities without parameters.
+    The norm scheme decides what happens inside (``NormScheme.attention_norms``): the query, key and
+    value norms ``q_norm``/``k_norm``/``v_norm`` (identities without parameters where there are none),
+    whether they act per head after the split or on the whole projection before it, and the softmax
+    scale. By default ``config.qk_norm`` picks them: per-head RMSNorms of q and k (``"head"``, Qwen3,
+    Gemma 3) or full-width ones (``"full"``, OLMo 2), before RoPE.
     """
 
-    def __init__(self, config: LlamaConfig, layer_idx: int) -> None:
+    def __init__(self, config: LlamaConfig, layer_idx: int, scheme: NormScheme | None = None) -> None:
         super().__init__()
+        scheme = scheme if scheme is not None else config.norm_scheme()
         self.layer_idx = layer_idx
         self.n_head, self.n_kv_head, self.head_dim = config.n_heads, config.n_kv_heads, config.head_dim
         self.q_proj = nn.Linear(config.dim, self.n_head * self.head_dim, bias=False)
         self.k_proj = nn.Linear(config.dim, self.n_kv_head * self.head_dim, bias=False)
         self.v_proj = nn.Linear(config.dim, self.n_kv_head * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.n_head * self.head_dim, config.dim, bias=False)
-        qk = config.qk_norm
-        self.q_norm = RMSNorm(self.head_dim, config.qk_norm_eps) if qk else nn.Identity()
-        self.k_norm = RMSNorm(self.head_dim, config.qk_norm_eps) if qk else nn.Identity()
+        norms = scheme.attention_norms(
+            config.dim, self.n_head, self.n_kv_head, self.head_dim, config.qk_norm_layout, config.qk_norm_eps
+        )
+        self.q_norm, self.k_norm, self.v_norm = norms.q, norms.k, norms.v
+        self.q_scale, self.k_scale = add_scale(self, norms.q_scale), add_scale(self, norms.k_scale)
+        self.norm_per_head = norms.layout == "head"
+        """Whether the q/k/v norms act on each head [..., hd] (else on the whole projection)."""
+        self.softmax_scale = norms.scale(self.head_dim)
+        """The score scale the softmax sees; every consumer (the attention entropy) reads it here."""
+        self._sdpa_scale = norms.softmax_scale  # None: the kernel's own 1/sqrt(hd), bit for bit as before
+
+    def reset_parameters(self) -> None:
+        """The scheme's q/k scales (the projections and norms reset themselves)."""
+        reset_scales(self, (self.q_scale, self.k_scale))
+
+    def _project(
+        self, x: torch.Tensor, proj: nn.Linear, norm: nn.Module, heads: int, scale: Scale | None = None
+    ) -> torch.Tensor:
+        """``norm``-ed (and scaled) projection of ``x`` [B, T, d] split into heads [B, heads, T, hd]."""
+        B, T, _ = x.shape
+        y = proj(x)
+        if not self.norm_per_head:
+            y = apply_scale(self, norm(y), scale)  # over the whole projection, before the head split
+        y = y.view(B, T, heads, self.head_dim).transpose(1, 2)
+        return norm(y) if self.norm_per_head else y
 
     def qk(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotated queries [B, H, T, hd] and keys [B, K, T, hd] of ``x`` [B, T, d], exactly as ``forward``
         computes them (StabilityMonitor recomputes them from here for the attention entropy)."""
-        B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # [B, H, T, hd]
-        k = self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # [B, K, T, hd]
-        q, k = self.q_norm(q), self.k_norm(k)  # QK-norm over hd, before RoPE (identities when off)
+        q = self._project(x, self.q_proj, self.q_norm, self.n_head, self.q_scale)  # [B, H, T, hd]
+        k = self._project(x, self.k_proj, self.k_norm, self.n_kv_head, self.k_scale)  # [B, K, T, hd]
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
     def forward(
@@ -178,28 +222,37 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         B, T, _ = x.shape
         q, k = self.qk(x, cos, sin)  # [B, H, T, hd], [B, K, T, hd]
-        v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # [B, K, T, hd]
+        v = self._project(x, self.v_proj, self.v_norm, self.n_kv_head)  # [B, K, T, hd]
         mask, causal = None, True
         if cache is not None:
             k, v = cache.update(self.layer_idx, start_pos, k, v)  # [B, K, S, hd]
             mask, causal = cache.attention_mask(start_pos, T, x.device)
         y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=self.n_head != self.n_kv_head
+            q, k, v, attn_mask=mask, is_causal=causal, scale=self._sdpa_scale, enable_gqa=self.n_head != self.n_kv_head
         )  # [B, H, T, hd]
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
 
 
 class MLP(nn.Module):
-    """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
+    """SwiGLU: ``down(silu(gate(x)) * up(x))``, with the scheme's scales of the two inputs where it has them
+    (``NormScheme.mlp_scales``; nGPT: ``down((up(x) * s_up) * silu(gate(x) * s_gate * sqrt(d)))``)."""
 
-    def __init__(self, config: LlamaConfig) -> None:
+    def __init__(self, config: LlamaConfig, scheme: NormScheme | None = None) -> None:
         super().__init__()
+        scheme = scheme if scheme is not None else config.norm_scheme()
         self.gate_proj = nn.Linear(config.dim, config.mlp_dim, bias=False)
         self.up_proj = nn.Linear(config.dim, config.mlp_dim, bias=False)
         self.down_proj = nn.Linear(config.mlp_dim, config.dim, bias=False)
+        scales = scheme.mlp_scales(config.dim, config.mlp_dim)
+        self.up_scale, self.gate_scale = add_scale(self, scales.up), add_scale(self, scales.gate)
+
+    def reset_parameters(self) -> None:
+        """The scheme's input scales (the projections reset themselves)."""
+        reset_scales(self, (self.up_scale, self.gate_scale))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate = apply_scale(self, self.gate_proj(x), self.gate_scale)
+        return self.down_proj(F.silu(gate) * apply_scale(self, self.up_proj(x), self.up_scale))
 
 
 # ----------------------------------------------------------------------------- block
@@ -210,8 +263,8 @@ class Block(nn.Module):
     def __init__(self, config: LlamaConfig, layer_idx: int, scheme: NormScheme) -> None:
         super().__init__()
         self.layer_idx = layer_idx
-        self.attn = Attention(config, layer_idx)
-        self.mlp = MLP(config)
+        self.attn = Attention(config, layer_idx, scheme)
+        self.mlp = MLP(config, scheme)
         self.norms: BlockNorms = scheme.block_norms(config.dim, layer_idx, config.n_layers)
 
     def forward(
@@ -224,9 +277,10 @@ class Block(nn.Module):
     ) -> torch.Tensor:
         # x: [B, T, d]; residual adds are out of place (FSDP2 and autograd friendly)
         u, ctx = self.norms.pre_attn(x)  # site A
-        h = self.norms.attn_residual(x + self.norms.post_attn(self.attn(u, cos, sin, cache, start_pos)))
+        a = self.norms.post_attn(self.attn(u, cos, sin, cache, start_pos))
+        h = self.norms.attn_residual(self.norms.attn_update(x, a))
         v = self.norms.pre_mlp(h, ctx)  # site B, may reuse site A's statistic
-        return self.norms.mlp_residual(h + self.norms.post_mlp(self.mlp(v)))
+        return self.norms.mlp_residual(self.norms.mlp_update(h, self.norms.post_mlp(self.mlp(v))))
 
     def refresh_norm_constants(self) -> None:
         self.norms.refresh_constants(self.attn)
@@ -244,6 +298,8 @@ class Llama(nn.Module):
         super().__init__()
         self.config = config
         scheme = config.norm_scheme()
+        self.scheme = scheme
+        """The norm scheme, asked for its weight constraint (``constrain_weights``)."""
         self.embed = nn.Embedding(config.vocab_size, config.dim)
         self.emb_norm = scheme.embedding_norm(config.dim)
         self.layers = nn.ModuleList(Block(config, i, scheme) for i in range(config.n_layers))
@@ -251,6 +307,7 @@ class Llama(nn.Module):
         # tied: the output projection reads ``embed.weight`` directly instead of sharing a Parameter
         # between two modules, which meta-device materialisation (``to_empty``) would silently untie
         self.lm_head = None if config.tie_embeddings else nn.Linear(config.dim, config.vocab_size, bias=False)
+        self.logit_scale = add_scale(self, scheme.logit_scale(config.dim, config.vocab_size))  # nGPT's s_z
         self.activation_checkpointing = False
         """Recompute each block in backward while training (set by the trainer; not architecture)."""
         self.loss_impl = "auto"
@@ -262,9 +319,31 @@ class Llama(nn.Module):
             self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """(Re)initialise every weight with the init policy, then refresh the norm constants."""
+        """(Re)initialise every weight with the init policy, apply the scheme's weight constraint, then refresh
+        the norm constants."""
         init_weights(self, self.config.init_std)
+        reset_scales(self, (self.logit_scale,))
+        self.constrain_weights()
         self.refresh_norm_constants()
+
+    def width_matrices(self) -> list[tuple[torch.Tensor, int]]:
+        """Every weight matrix with the dimension that runs along the model width ``d``: rows (``-1``) of the
+        embedding, the output head and the q, k, v, gate and up projections, which read ``d``-vectors;
+        columns (``0``) of the attention output and down projections, which write them."""
+        out: list[tuple[torch.Tensor, int]] = [(self.embed.weight, -1)]
+        if self.lm_head is not None:
+            out.append((self.lm_head.weight, -1))
+        for layer in self.layers:
+            a, m = layer.attn, layer.mlp
+            out += [(lin.weight, -1) for lin in (a.q_proj, a.k_proj, a.v_proj, m.gate_proj, m.up_proj)]
+            out += [(a.o_proj.weight, 0), (m.down_proj.weight, 0)]
+        return out
+
+    @torch.no_grad()
+    def constrain_weights(self) -> None:
+        """The scheme's weight constraint (nGPT: unit norm along ``d``): after init, after loading weights and,
+        from the trainer, after every optimizer step. A no-op for schemes without one."""
+        self.scheme.constrain_weights(self.width_matrices())
 
     def refresh_norm_constants(self) -> None:
         """Recompute cached, weight-derived norm constants (BHyT's ``c``) from the current weights."""
@@ -313,7 +392,7 @@ class Llama(nn.Module):
         if labels is not None:
             return linear_cross_entropy(
                 x,
-                self.output_weight(),
+                self.scaled_output_weight(),
                 labels,
                 impl=self.loss_impl,
                 chunk_tokens=self.loss_chunk_tokens,
@@ -325,9 +404,18 @@ class Llama(nn.Module):
         """The output projection's weight [V, d]: ``lm_head``'s, or the embedding matrix when tied."""
         return self.lm_head.weight if self.lm_head is not None else self.embed.weight
 
+    def scaled_output_weight(self) -> torch.Tensor:
+        """The output weight with the scheme's logit scale folded into its rows (``diag(s) W``), so the chunked
+        loss computes the same logits as ``output``; the plain weight when the scheme has no scale."""
+        weight = self.output_weight()
+        if self.logit_scale is None:
+            return weight
+        scale = getattr(self, self.logit_scale.name) * self.logit_scale.factor  # [V]
+        return weight * scale.to(weight.dtype)[:, None]
+
     def output(self, x: torch.Tensor) -> torch.Tensor:
-        """Output projection [..., d] -> [..., V] (the embedding matrix when tied)."""
-        return F.linear(x, self.output_weight())
+        """Output projection [..., d] -> [..., V] (the embedding matrix when tied), times the logit scale."""
+        return apply_scale(self, F.linear(x, self.output_weight()), self.logit_scale)
 
     # ------------------------------------------------------------------------- generation
     def new_kv_cache(self, batch_size: int, max_len: int | None = None, dtype: torch.dtype | None = None) -> KVCache:
@@ -428,5 +516,7 @@ def _sample(logits: torch.Tensor, temperature: float, top_k: int | None, generat
 
 
 def _refresh_after_load(module: nn.Module, incompatible_keys) -> None:
-    # a state dict never carries ``c`` (non-persistent); recompute it from the loaded weights
+    # a state dict never carries ``c`` (non-persistent); recompute it from the loaded weights, and put the
+    # loaded weights back on the scheme's constraint set (nGPT's unit norms)
+    module.constrain_weights()
     module.refresh_norm_constants()

@@ -4,40 +4,27 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info
 from torchmetrics import MeanMetric
 
 from bhyt_pl.checkpoint import checkpoint_entry
-from bhyt_pl.config import LlamaConfig
+from bhyt_pl.flops import training_flops_per_token
 from bhyt_pl.loss import LOSS_IMPLS
 from bhyt_pl.model import Llama
 from bhyt_pl.norms import NormScheme
 from bhyt_pl.optim import cosine_with_warmup, parameter_groups
 from bhyt_pl.parallelize import load_full_state_dict, shard_model
+from bhyt_pl.run_config import build_run_config
 from bhyt_pl.validation import raise_if_problems
 
 __all__ = ["LlamaLM", "training_flops_per_token"]
 
 log = logging.getLogger(__name__)
-
-
-def training_flops_per_token(config: LlamaConfig, seq_len: int) -> float:
-    """Matmul FLOPs of one training token (forward + backward = 3x forward).
-
-    Forward per token: ``2 * (matmul parameters incl. the output projection)`` plus attention
-    scores and values, ``2 * 2 * L * H * hd * T`` (full, not causal-halved, as
-    ``torch.utils.flop_counter`` counts ``scaled_dot_product_attention``). Norms and other
-    element-wise work are not counted (MFU convention).
-    """
-    c = config
-    per_layer = c.dim * c.head_dim * (2 * c.n_heads + 2 * c.n_kv_heads) + 3 * c.dim * c.mlp_dim
-    matmul_params = c.n_layers * per_layer + c.vocab_size * c.dim
-    attention = 2 * 2 * c.n_layers * c.n_heads * c.head_dim * seq_len
-    return 3.0 * (2.0 * matmul_params + attention)
 
 
 class LlamaLM(L.LightningModule):
@@ -51,16 +38,22 @@ class LlamaLM(L.LightningModule):
         norm: a registered norm name (``rmsnorm``, ``bhyt``, ...) or a ``NormScheme`` instance
             (``class_path``/``init_args`` in YAML) for a tuned or custom scheme.
         norm_args: constructor arguments for a norm given by name, e.g. ``{"lambda_attn": 1.0}``.
-        seq_len: training sequence length ``T`` of this run; linked from the data module by the CLI. Bound
-            into the norm scheme's run facts (``NormScheme.bind``: BHyT's ``c = ||W_V W_O||_F^2 / (T d)``)
-            unless the scheme's own arguments set it; with ``init_checkpoint`` it replaces the pretraining T.
+        seq_len: training sequence length ``T`` of this run, its most common run fact; linked from the data
+            module by the CLI. Bound into the norm scheme (BHyT's ``c = ||W_V W_O||_F^2 / (T d)``) unless the
+            scheme's own arguments set it; with ``init_checkpoint`` it replaces the pretraining T.
+        run_facts: every other fact about this run a norm scheme may declare (``NormScheme.run_facts``), e.g.
+            ``{"batch_size": 8}``; the CLI links the data module's ``run_facts()``. The config is built by
+            ``bhyt_pl.run_config.build_run_config`` from these, ``seq_len`` and the model arguments.
         tokenizer: tokenizer name or path the data uses; linked by the CLI and stored in checkpoints
             so evaluation can rebuild it.
         lr: peak learning rate.
         min_lr_ratio: the cosine schedule ends at ``lr * min_lr_ratio``.
-        warmup_ratio: linear warmup over this fraction of the total optimizer steps.
-        warmup_steps: warmup length in steps; overrides ``warmup_ratio`` when set.
-        weight_decay: AdamW weight decay on matrices; never on norm parameters (``parameter_groups``).
+        warmup_ratio: linear warmup over this fraction of the total optimizer steps (None: the norm scheme's
+            recipe where it declares one, ``NormScheme.training_defaults``, else 0.05).
+        warmup_steps: warmup length in steps; overrides ``warmup_ratio`` when set (None: the scheme's recipe
+            where it declares one, e.g. nGPT's 0, else derived from ``warmup_ratio``).
+        weight_decay: AdamW weight decay on matrices; never on norm parameters (``parameter_groups``). None:
+            the scheme's recipe where it declares one (nGPT: 0), else 0.1.
         betas: AdamW betas.
         adam_eps: AdamW epsilon.
         init_checkpoint: start from the weights of this ``LlamaLM`` checkpoint (e.g. for SFT). The
@@ -87,12 +80,13 @@ class LlamaLM(L.LightningModule):
         norm: str | NormScheme = "rmsnorm",
         norm_args: dict[str, Any] | None = None,
         seq_len: int | None = None,
+        run_facts: dict[str, Any] | None = None,
         tokenizer: str | None = None,
         lr: float = 3e-4,
         min_lr_ratio: float = 0.1,
-        warmup_ratio: float = 0.05,
+        warmup_ratio: float | None = None,
         warmup_steps: int | None = None,
-        weight_decay: float = 0.1,
+        weight_decay: float | None = None,
         betas: tuple[float, float] = (0.9, 0.95),
         adam_eps: float = 1e-8,
         init_checkpoint: str | None = None,
@@ -103,6 +97,18 @@ class LlamaLM(L.LightningModule):
         loss_chunk_tokens: int | None = None,
     ) -> None:
         super().__init__()
+        facts = dict(run_facts or {})
+        if seq_len is not None and facts.setdefault("seq_len", seq_len) != seq_len:
+            raise ValueError(f"seq_len={seq_len} and run_facts['seq_len']={facts['seq_len']} differ; give one")
+        self.init_config = None
+        if init_checkpoint:
+            from bhyt_pl.checkpoint import read_model_config
+
+            self.init_config = read_model_config(init_checkpoint)  # what load_initial_weights expects to find
+        self.config = build_run_config(preset, norm, norm_args, overrides, facts, base=self.init_config)
+        given = {"weight_decay": weight_decay, "warmup_ratio": warmup_ratio, "warmup_steps": warmup_steps}
+        resolved = resolve_training_defaults(self.config.norm_scheme(), given)
+        weight_decay, warmup_ratio, warmup_steps = (resolved[k] for k in given)
         problems = []
         if loss_impl not in LOSS_IMPLS:
             problems.append(f"loss_impl must be one of {', '.join(LOSS_IMPLS)}; got {loss_impl!r}")
@@ -121,18 +127,20 @@ class LlamaLM(L.LightningModule):
         if not all(0 <= b < 1 for b in betas):
             problems.append(f"betas must be in [0, 1), got {betas}")
         raise_if_problems("LlamaLM arguments", problems)
-        if init_checkpoint:
-            from bhyt_pl.checkpoint import read_model_config
-
-            self.init_config = read_model_config(init_checkpoint)  # what load_initial_weights expects to find
-            self.config = self.finetune_config(self.init_config, overrides or {}, norm_args or {}, seq_len)
-        else:
-            self.init_config = None
-            self.config = self.build_config(preset, overrides or {}, norm, norm_args or {}, seq_len)
         # hyperparameters are plain data: the norm is stored as its registry name and resolved arguments,
-        # also in hparams_initial, which hparams.yaml and TensorBoard's HPARAMS are written from
+        # also in hparams_initial, which hparams.yaml and TensorBoard's HPARAMS are written from; the
+        # optimisation values as resolved (the scheme's recipe or the defaults), so a resume compares values
         self.save_hyperparameters(ignore=["norm", "norm_args"])
-        self.save_hyperparameters({**self.hparams, "norm": self.config.norm, "norm_args": dict(self.config.norm_args)})
+        # seq_len as the run gave it, either way (Lightning merges it with the data module's own seq_len)
+        self.save_hyperparameters(
+            {
+                **self.hparams,
+                **resolved,
+                "norm": self.config.norm,
+                "norm_args": dict(self.config.norm_args),
+                "seq_len": facts.get("seq_len"),
+            }
+        )
         self.model: Llama | None = None
         self.val_loss = MeanMetric()
         self.test_loss = MeanMetric()
@@ -140,41 +148,6 @@ class LlamaLM(L.LightningModule):
         self._flops_shape: tuple[int, int] | None = None
 
     # ------------------------------------------------------------------ config and model
-    @staticmethod
-    def build_config(
-        preset: str, overrides: dict[str, Any], norm: str | NormScheme, norm_args: dict[str, Any], seq_len: int | None
-    ) -> LlamaConfig:
-        """Resolve preset + overrides + norm into one validated ``LlamaConfig`` bound to this run's facts
-        (fails before any work). A run fact the scheme's own arguments set explicitly is kept, with a
-        warning when it differs from the run's."""
-        if isinstance(norm, NormScheme):
-            if norm_args:
-                raise ValueError("norm_args is only for a norm given by name; put them in the scheme's init_args")
-            name, args = norm.name, norm.hparams()
-        else:
-            name, args = norm, dict(norm_args)
-        config = LlamaConfig.from_name(preset, **{**overrides, "norm": name, "norm_args": args})
-        scheme = config.norm_scheme()
-        return _bind_run(config, seq_len, explicit={k for k in scheme.run_facts if getattr(scheme, k) is not None})
-
-    @staticmethod
-    def finetune_config(
-        source: LlamaConfig, overrides: dict[str, Any], norm_args: dict[str, Any], seq_len: int | None
-    ) -> LlamaConfig:
-        """The config of a run that starts from a checkpoint whose config is ``source``: ``overrides`` and
-        ``norm_args`` on top of it, and this run's facts bound over the pretraining run's (the released
-        code sets BHyT's T from the current run's length every time it builds a model)."""
-        scheme = source.norm_scheme()
-        accepted = set(scheme.hparams())
-        unknown = sorted(set(norm_args) - accepted)
-        if unknown:
-            raise ValueError(
-                f"norm_args {unknown} are not arguments of the checkpoint's norm {source.norm!r}; "
-                f"it accepts: {', '.join(sorted(accepted))}"
-            )
-        config = LlamaConfig(**{**source.to_dict(), **overrides, "norm_args": {**source.norm_args, **norm_args}})
-        return _bind_run(config, seq_len, explicit=set(norm_args) & set(scheme.run_facts))
-
     def configure_model(self) -> None:
         """Build the model here (not in ``__init__``) so sharded strategies can build it on the meta device.
 
@@ -337,35 +310,32 @@ class LlamaLM(L.LightningModule):
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
+    def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
+        super().optimizer_step(*args, **kwargs)
+        self.model.constrain_weights()  # the scheme's weight constraint after every step (nGPT); else a no-op
+
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # a checkpoint carries the plain-data config so it can be rebuilt without this class's arguments
         checkpoint["bhyt_pl"] = checkpoint_entry(self.config, self.hparams.tokenizer)
 
 
-def _bind_run(config: LlamaConfig, seq_len: int | None, explicit: set[str]) -> LlamaConfig:
-    """``config`` bound to this run's facts (docs/method.md, section 9), with ``LlamaLM``'s checks: a
-    sequence longer than the model is an error; a fact named in ``explicit`` (set by the user's norm
-    arguments) is kept, with a warning when it differs from the run's; a fact left unbound warns."""
-    if seq_len is not None and seq_len > config.max_seq_len:
-        raise ValueError(
-            f"seq_len={seq_len} exceeds the model's max_seq_len={config.max_seq_len}; "
-            "raise it with model.overrides: {max_seq_len: ...}"
-        )
-    facts = {"seq_len": seq_len}
-    for fact in sorted(explicit):
-        value = config.norm_args.get(fact)
-        if facts.get(fact) is not None and facts[fact] != value:
-            rank_zero_warn(
-                f"norm {config.norm!r}: {fact}={value} is set in the norm arguments and kept; "
-                f"this run's {fact} is {facts[fact]}"
-            )
-    config = config.bind(**{k: v for k, v in facts.items() if k not in explicit})
-    unbound = config.norm_scheme().unbound_run_facts()
-    if unbound:
-        rank_zero_warn(
-            f"norm {config.norm!r} needs the run fact(s) {unbound} but LlamaLM got none: pass "
-            f"LlamaLM({unbound[0]}=...) (the CLI links it from the data module); the scheme falls back to "
-            "its default (docs/method.md, section 9)"
-        )
-    return config
+TRAINING_DEFAULTS = {"weight_decay": 0.1, "warmup_ratio": 0.05, "warmup_steps": None}
+"""``LlamaLM``'s optimisation defaults where neither the user nor the norm scheme's recipe sets a value."""
+
+
+def resolve_training_defaults(
+    scheme: NormScheme, given: dict[str, Any], log: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """``given`` (optimisation settings by ``LlamaLM`` argument name, None where the user set nothing) with each
+    unset one taken from the scheme's ``training_defaults``, else ``TRAINING_DEFAULTS``; logs (once per process)
+    which values the scheme's recipe supplied. Used by ``LlamaLM`` and so by ``fit``, ``study`` and ``bench``."""
+    out = {k: v for k, v in given.items()}
+    from_scheme = {k: v for k, v in scheme.training_defaults.items() if k in out and out[k] is None}
+    for key, value in out.items():
+        if value is None:
+            out[key] = from_scheme.get(key, TRAINING_DEFAULTS.get(key))
+    if from_scheme:
+        text = ", ".join(f"{k}={v}" for k, v in from_scheme.items())
+        (log or rank_zero_info)(f"norm {scheme.name!r}: {text} from its recipe (set them to override)")
+    return out

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from bhyt_pl.tensors import full_tensor
+
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
@@ -39,13 +41,6 @@ def shard_model(
         fully_shard(layer, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
-
-
-def full_tensor(w: torch.Tensor) -> torch.Tensor:
-    """The whole tensor of a possibly FSDP2-sharded (DTensor) parameter; every rank gets the same.
-    A plain tensor is returned as is (single process, DDP, or FSDP1 inside ``full_weights``)."""
-    gather = getattr(w, "full_tensor", None)
-    return gather() if callable(gather) else w
 
 
 def full_weights(module: nn.Module) -> AbstractContextManager:

@@ -31,22 +31,26 @@ import torch.nn.functional as F
 
 from bhyt_pl import Llama, LlamaConfig, parameter_groups
 from bhyt_pl.callbacks.throughput import peak_flops_for
+from bhyt_pl.flops import training_flops_per_token
 from bhyt_pl.loss import resolve_impl
 from bhyt_pl.model import Block
-from bhyt_pl.module import training_flops_per_token
 from bhyt_pl.parallelize import shard_model
+from bhyt_pl.run_config import build_run_config
 
 SCHEMES = ["rmsnorm", "layernorm", "dyt", "bhyt", "bhyt_exact", "peri_ln", "lns"]
 
 
-def model_config(args, norm: str, preset: str | None = None, seq_len: int | None = None) -> LlamaConfig:
-    """The preset with ``norm``, bound to this run's sequence length (BHyT's T)."""
-    return LlamaConfig.from_name(preset or args.preset, norm=norm).bind(seq_len=seq_len or args.seq_len)
+def model_config(
+    args, norm: str, preset: str | None = None, seq_len: int | None = None, batch: int | None = None
+) -> LlamaConfig:
+    """The preset with ``norm``, built by ``build_run_config`` with this run's facts (BHyT's T: the sequence length)."""
+    facts = {"seq_len": seq_len or args.seq_len, "batch_size": batch or args.batch}
+    return build_run_config(preset or args.preset, norm, run_facts=facts)
 
 
 def build(args, norm: str, strategy: str, compiled: bool, device: torch.device, preset: str | None = None):
-    seq_len = args.seq_len if preset is None else args.mfu_seq_len
-    config = model_config(args, norm, preset, seq_len)
+    seq_len, batch = (args.seq_len, args.batch) if preset is None else (args.mfu_seq_len, args.mfu_batch)
+    config = model_config(args, norm, preset, seq_len, batch)
     bf16 = device.type == "cuda"
     if strategy == "fsdp1":
         from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision

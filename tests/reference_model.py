@@ -26,17 +26,25 @@ def rope_ref(x: torch.Tensor, theta: float) -> torch.Tensor:
     return out
 
 
-def attention_ref(u: torch.Tensor, attn, theta: float, qk_norm_eps: float | None = None) -> torch.Tensor:
-    """Causal GQA attention; with ``qk_norm_eps`` each query and key head vector is RMS-normalised
-    over hd (gains ``attn.q_norm.weight``/``attn.k_norm.weight``) before RoPE."""
+def attention_ref(
+    u: torch.Tensor, attn, theta: float, qk_norm_eps: float | None = None, layout: str = "head", v_norm_eps=None
+) -> torch.Tensor:
+    """Causal GQA attention. With ``qk_norm_eps`` queries and keys are RMS-normalised before RoPE (gains
+    ``attn.q_norm.weight``/``attn.k_norm.weight``): each head vector over hd (``layout="head"``) or the whole
+    projection before the head split (``"full"``); with ``v_norm_eps`` each value head too (HybridNorm)."""
     W = lambda lin: lin.weight.detach().double()  # noqa: E731
     B, T, d = u.shape
     H, K, hd = attn.n_head, attn.n_kv_head, attn.head_dim
-    q = (u @ W(attn.q_proj).T).view(B, T, H, hd).transpose(1, 2)
-    k = (u @ W(attn.k_proj).T).view(B, T, K, hd).transpose(1, 2)
-    v = (u @ W(attn.v_proj).T).view(B, T, K, hd).transpose(1, 2)
-    if qk_norm_eps is not None:
+    q, k, v = u @ W(attn.q_proj).T, u @ W(attn.k_proj).T, u @ W(attn.v_proj).T  # [B, T, H*hd], [B, T, K*hd] x2
+    if qk_norm_eps is not None and layout == "full":
         q, k = rms(q, attn.q_norm.weight, qk_norm_eps), rms(k, attn.k_norm.weight, qk_norm_eps)
+    q = q.view(B, T, H, hd).transpose(1, 2)
+    k = k.view(B, T, K, hd).transpose(1, 2)
+    v = v.view(B, T, K, hd).transpose(1, 2)
+    if qk_norm_eps is not None and layout == "head":
+        q, k = rms(q, attn.q_norm.weight, qk_norm_eps), rms(k, attn.k_norm.weight, qk_norm_eps)
+    if v_norm_eps is not None:
+        v = rms(v, attn.v_norm.weight, v_norm_eps)
     q, k = rope_ref(q, theta), rope_ref(k, theta)
     group = H // K
     k = torch.stack([k[:, h // group] for h in range(H)], dim=1)
@@ -45,6 +53,39 @@ def attention_ref(u: torch.Tensor, attn, theta: float, qk_norm_eps: float | None
     scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
     y = torch.softmax(scores, dim=-1) @ v  # [B, H, T, hd]
     return y.transpose(1, 2).reshape(B, T, H * hd) @ W(attn.o_proj).T
+
+
+def l2(v: torch.Tensor) -> torch.Tensor:
+    return v / v.norm(dim=-1, keepdim=True)
+
+
+def ngpt_attention_ref(u: torch.Tensor, attn, theta: float) -> torch.Tensor:
+    """nGPT attention: q, k L2-normalised over the whole projection, times ``s * sqrt(d)``, then split and
+    rotated; softmax scale ``sqrt(hd)``."""
+    W = lambda lin: lin.weight.detach().double()  # noqa: E731
+    B, T, d = u.shape
+    H, K, hd = attn.n_head, attn.n_kv_head, attn.head_dim
+    q = l2(u @ W(attn.q_proj).T) * _p(attn.sq) * math.sqrt(d)
+    k = l2(u @ W(attn.k_proj).T) * _p(attn.sk) * math.sqrt(d)
+    v = u @ W(attn.v_proj).T
+    q, k = q.view(B, T, H, hd).transpose(1, 2), k.view(B, T, K, hd).transpose(1, 2)
+    v = v.view(B, T, K, hd).transpose(1, 2)
+    q, k = rope_ref(q, theta), rope_ref(k, theta)
+    group = H // K
+    k = torch.stack([k[:, h // group] for h in range(H)], dim=1)
+    v = torch.stack([v[:, h // group] for h in range(H)], dim=1)
+    scores = q @ k.transpose(-1, -2) * math.sqrt(hd)
+    scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    y = torch.softmax(scores, dim=-1) @ v
+    return y.transpose(1, 2).reshape(B, T, H * hd) @ W(attn.o_proj).T
+
+
+def ngpt_mlp_ref(h: torch.Tensor, mlp) -> torch.Tensor:
+    """``down((up(h) * s_up) * silu(gate(h) * s_gate * sqrt(d)))``."""
+    W = lambda lin: lin.weight.detach().double()  # noqa: E731
+    d = h.shape[-1]
+    g = (h @ W(mlp.gate_proj).T) * _p(mlp.s_gate) * math.sqrt(d)
+    return ((h @ W(mlp.up_proj).T) * _p(mlp.s_up) * (g * torch.sigmoid(g))) @ W(mlp.down_proj).T
 
 
 def mlp_ref(v: torch.Tensor, mlp) -> torch.Tensor:
@@ -115,7 +156,11 @@ def model_ref(model, idx: torch.Tensor, norm: str, args: dict) -> torch.Tensor:
     cfg = model.config
     theta = cfg.rope_theta
     qk_eps = cfg.qk_norm_eps if cfg.qk_norm else None
-    attend = lambda u, attn: attention_ref(u, attn, theta, qk_eps)  # noqa: E731
+    layout = "full" if cfg.qk_norm == "full" else "head"
+    attend = lambda u, attn: attention_ref(u, attn, theta, qk_eps, layout)  # noqa: E731
+    if norm == "hybridnorm":  # per-head q, k and v norms with the scheme's eps
+        hn_eps = args.get("eps", 1e-5)
+        attend = lambda u, attn: attention_ref(u, attn, theta, hn_eps, "head", v_norm_eps=hn_eps)  # noqa: E731
     x = _p(model.embed.weight)[idx]
     if norm in ("dyt", "derf", "dyisru") and args.get("embedding_scale", True):
         x = x * _p(model.emb_norm.scale)
@@ -180,13 +225,43 @@ def model_ref(model, idx: torch.Tensor, norm: str, args: dict) -> torch.Tensor:
             else:  # Pre-LN
                 h = x + attend(rms(x, n.attn_in.weight, eps), attn)
                 x = h + mlp_ref(rms(h, n.mlp_in.weight, eps), mlp)
+        elif norm == "reordered":  # OLMo 2: h = x + N(Attn(x)), y = h + N(MLP(h))
+            eps = args.get("eps", 1e-6)
+            h = x + rms(attend(x, attn), n.attn_out.weight, eps)
+            x = h + rms(mlp_ref(h, mlp), n.mlp_out.weight, eps)
+        elif norm == "hybridnorm":
+            eps = args.get("eps", 1e-5)
+            if args.get("star", False) and li == 0:  # HybridNorm*: a Pre-LN first block
+                h = x + attend(rms(x, n.attn_in.weight, eps), attn)
+                x = h + mlp_ref(rms(h, n.mlp_in.weight, eps), mlp)
+            else:  # h = x + Attn(x); y = N(h) + MLP(N(h))
+                hn = rms(x + attend(x, attn), n.attn_res.weight, eps)
+                x = hn + mlp_ref(hn, mlp)
+        elif norm == "ssnorm":  # Pre-LN, one scalar gain per norm
+            eps = args.get("eps", 1e-6)
+            h = x + attend(rms(x, n.attn_in.weight, eps), attn)
+            x = h + mlp_ref(rms(h, n.mlp_in.weight, eps), mlp)
+        elif norm == "gpas":  # Pre-LN; after each add z - SiLU(g) z (stopgrad changes only the backward)
+            eps = args.get("eps", 1e-6)
+            g = _p(n.gpas_gate)
+            shrink = g * torch.sigmoid(g)
+            h = x + attend(rms(x, n.attn_in.weight, eps), attn)
+            h = h - shrink * h
+            x = h + mlp_ref(rms(h, n.mlp_in.weight, eps), mlp)
+            x = x - shrink * x
+        elif norm == "ngpt":  # h = L2(x + a_A (L2(Attn(x)) - x)), a = |alpha * 0.05 * sqrt(d)|
+            d = x.shape[-1]
+            a_attn = (_p(n.alpha_attn) * 0.05 * math.sqrt(d)).abs()
+            a_mlp = (_p(n.alpha_mlp) * 0.05 * math.sqrt(d)).abs()
+            h = l2(x + a_attn * (l2(ngpt_attention_ref(x, attn, theta)) - x))
+            x = l2(h + a_mlp * (l2(ngpt_mlp_ref(h, mlp)) - h))
         else:
             raise ValueError(norm)
     f = model.final_norm
     if norm == "layernorm":
         x = layernorm(x, f.weight, 1e-5)
-    elif norm == "post_ln":
-        pass  # no final norm: the last block ends in one
+    elif norm in ("post_ln", "ngpt"):
+        pass  # no final norm: the last block ends in one (nGPT: on the unit sphere)
     elif norm == "derf":
         x = derf_site(x, f)
     elif norm == "dyisru":
@@ -197,7 +272,14 @@ def model_ref(model, idx: torch.Tensor, norm: str, args: dict) -> torch.Tensor:
         x = _p(f.weight) * torch.tanh(_p(f.alpha) * x)
     elif norm in ("bhyt", "bhyt_exact") and args.get("lambda_final", 0) > 0:
         x = bhyt_site(x, f, kappa, eps_b, stat)
+    elif norm in ("reordered", "ssnorm", "gpas"):
+        x = rms(x, f.weight, args.get("eps", 1e-6))
+    elif norm == "hybridnorm":
+        x = rms(x, f.weight, args.get("eps", 1e-5))
     else:
         x = rms(x, f.weight, 1e-5)
     head = model.embed.weight if model.lm_head is None else model.lm_head.weight
-    return x @ _p(head).T
+    logits = x @ _p(head).T
+    if norm == "ngpt":  # times s_z * sqrt(d)
+        logits = logits * _p(model.s_z) * math.sqrt(x.shape[-1])
+    return logits

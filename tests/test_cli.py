@@ -51,10 +51,12 @@ def test_every_norm_overlay_stacks_on_a_paper_recipe(overlay: Path, capsys) -> N
 def test_qk_norm_is_one_line_on_any_scheme(capsys) -> None:
     stacked = ["--config", str(RECIPES / "norms/derf.yaml"), "--config", str(RECIPES / "norms/qk_norm.yaml")]
     config = _print_config(capsys, "--config", str(RECIPES / "tiny.yaml"), *stacked)
-    assert config["model"]["norm"] == "derf" and config["model"]["overrides"] == {"qk_norm": True}
-    line = ["--model.norm", "post_ln", "--model.overrides", "{qk_norm: true}"]
+    assert config["model"]["norm"] == "derf" and config["model"]["overrides"] == {"qk_norm": "head"}
+    line = ["--model.norm", "post_ln", "--model.overrides", "{qk_norm: true}"]  # true: the alias of head
     config = _print_config(capsys, "--config", str(RECIPES / "tiny.yaml"), *line)
     assert config["model"]["norm"] == "post_ln" and config["model"]["overrides"] == {"qk_norm": True}
+    olmo2 = _print_config(capsys, "--config", str(RECIPES / "tiny.yaml"), "--config", str(RECIPES / "norms/olmo2.yaml"))
+    assert olmo2["model"]["norm"] == "reordered" and olmo2["model"]["overrides"]["qk_norm"] == "full"
 
 
 @pytest.mark.parametrize("overlay", LOGGERS, ids=lambda p: p.stem)

@@ -58,7 +58,9 @@ def test_qk_norm_field_is_validated() -> None:
     assert LlamaConfig.from_name("tiny").qk_norm is False
     c = LlamaConfig.from_name("tiny", qk_norm=True, norm="post_ln")
     assert LlamaConfig(**c.to_dict()) == c
-    with pytest.raises(ValueError, match=r"qk_norm must be true or false, got 'yes'"):
+    assert c.qk_norm == "head"  # true is the alias of "head"
+    assert LlamaConfig.from_name("tiny", qk_norm="full").qk_norm_layout == "full"
+    with pytest.raises(ValueError, match=r"qk_norm must be false, 'head', 'full' or true \(an alias .*got 'yes'"):
         LlamaConfig.from_name("tiny", qk_norm="yes")
     with pytest.raises(ValueError, match=r"qk_norm_eps must be > 0, got 0.0"):
         LlamaConfig.from_name("tiny", qk_norm_eps=0.0)

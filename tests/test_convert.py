@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import ast
-import dataclasses
 import json
 import subprocess
 import sys
@@ -102,20 +101,33 @@ def test_unsupported_hf_rope_type_is_refused() -> None:
         rope_scaling_from_hf(config)
 
 
+def test_one_mapping_names_every_size_field_both_ways() -> None:
+    from bhyt_pl.convert import from_hf_llama, hf_config
+    from bhyt_pl.hf_config import HF_FIELDS, from_hf_fields
+
+    config = LlamaConfig.from_name("tiny", n_layers=2, head_dim=48, init_std=0.03, tie_embeddings=False)
+    hf = hf_config(config)
+    expected = {"hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 2, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "head_dim": 48, "max_position_embeddings": 512, "vocab_size": 8192,
+                "initializer_range": 0.03, "tie_word_embeddings": False}  # fmt: skip
+    assert {key: getattr(hf, key) for key in expected} == expected
+    assert set(HF_FIELDS.values()) == set(expected)
+    assert from_hf_fields(hf) == {field: getattr(config, field) for field in HF_FIELDS}
+    back = from_hf_llama(transformers.LlamaForCausalLM(hf)).config
+    assert {f: getattr(back, f) for f in HF_FIELDS} == {f: getattr(config, f) for f in HF_FIELDS}
+
+
 # ----------------------------------------------------------------------------- export
 def _variants() -> list:
-    """Every registered scheme, plus options that must export too where this checkout has them."""
+    """Every registered scheme, plus options that must export too (a missing option fails, never skips)."""
     cases = [pytest.param(norm, {}, {}, id=norm) for norm in registered_norms()]
     cases.append(pytest.param("bhyt", {"lambda_final": 3.0, "stat": "meanstd"}, {}, id="bhyt-final-meanstd"))
     cases.append(pytest.param("dyt", {}, {"tie_embeddings": False, "rope_scaling": SCALING}, id="dyt-untied-scaled"))
-    fields = {f.name for f in dataclasses.fields(LlamaConfig)}
-    qk = pytest.mark.skipif("qk_norm" not in fields, reason="no QK-norm option in this checkout")
-    cases.append(pytest.param("rmsnorm", {}, {"qk_norm": True}, id="rmsnorm-qk_norm", marks=qk))
-    cases.append(pytest.param("bhyt", {}, {"qk_norm": True}, id="bhyt-qk_norm", marks=qk))
-    exact = pytest.mark.skipif(
-        "exact_layers" not in base.build_norm_scheme("bhyt").hparams(), reason="no BHyT exact_layers in this checkout"
-    )
-    cases.append(pytest.param("bhyt", {"exact_layers": [0]}, {}, id="bhyt-exact_layers", marks=exact))
+    cases.append(pytest.param("rmsnorm", {}, {"qk_norm": True}, id="rmsnorm-qk_norm"))
+    cases.append(pytest.param("bhyt", {}, {"qk_norm": True}, id="bhyt-qk_norm"))
+    cases.append(pytest.param("reordered", {}, {"qk_norm": "full"}, id="olmo2-reordered-qk_full"))
+    cases.append(pytest.param("hybridnorm", {"star": True}, {}, id="hybridnorm-star"))
+    cases.append(pytest.param("bhyt", {"exact_layers": [0]}, {}, id="bhyt-exact_layers"))
     return cases
 
 
@@ -125,6 +137,7 @@ def _perturbed(model: Llama, scale: float = 0.1) -> Llama:
     with torch.no_grad():
         for p in model.parameters():
             p.add_(scale * torch.randn(p.shape, generator=g) * p.abs().mean().clamp_min(0.1))
+    model.constrain_weights()  # a trained model satisfies its scheme's constraint (nGPT's unit norms)
     model.refresh_norm_constants()
     return model.eval()
 

@@ -182,15 +182,17 @@ def _check_sharded_checkpoint(tmp: Path, out: Path) -> None:
 
 
 def test_every_norm_scheme_trains_under_fsdp2(tmp_path) -> None:
-    """One torchrun job: each scheme, sharded over 2 ranks, matches one process (loss and BHyT's c)."""
+    """One torchrun job: each scheme, sharded over 2 ranks, matches one process (loss and BHyT's c); nGPT's
+    post-step normalisation reduces column norms across the ranks (every gathered matrix has unit norm)."""
     job = ROOT / "tests" / "distributed_jobs" / "fsdp2_schemes.py"
     run(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(job), str(tmp_path)])
     results = torch.load(tmp_path / "fsdp2_schemes.pt")
-    assert set(results) == {*registered_norms(), "mix_ln+qk_norm"}
+    assert set(results) == {*registered_norms(), "mix_ln+qk_norm", "reordered+qk_full", "hybridnorm+star"}
     for norm, r in results.items():
         torch.testing.assert_close(r["sharded_losses"], r["single_losses"], atol=1e-5, rtol=1e-5, msg=norm)
         for rank_c in r["sharded_c"]:
             torch.testing.assert_close(rank_c, r["single_c"], atol=1e-9, rtol=1e-6, msg=norm)
+    assert results["ngpt"]["unit_norm_error"] and max(results["ngpt"]["unit_norm_error"]) < 1e-5
 
 
 def test_chunked_loss_inside_forward_under_fsdp2(tmp_path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from bhyt_pl import Llama, LlamaConfig
 from bhyt_pl.model import Block, rope_cos_sin
@@ -89,9 +90,14 @@ def test_from_hf_refuses_query_key_norms() -> None:
         from_hf_llama(hf)
 
 
-@pytest.mark.parametrize(("norm", "qk_norm"), [(n, False) for n in SCHEMES] + [("mix_ln", True), ("bhyt", True)])
-def test_kv_cache_matches_full_forward(norm: str, qk_norm: bool) -> None:
-    model = Llama(_small(norm, qk_norm=qk_norm, norm_args={"alpha": 0.5} if norm == "mix_ln" else {})).eval()
+KV_EXTRA = {"mix_ln": {"alpha": 0.5}, "hybridnorm": {"star": True}}
+
+
+@pytest.mark.parametrize(
+    ("norm", "qk_norm"), [(n, False) for n in SCHEMES] + [("mix_ln", True), ("bhyt", True), ("reordered", "full")]
+)
+def test_kv_cache_matches_full_forward(norm: str, qk_norm: bool | str) -> None:
+    model = Llama(_small(norm, qk_norm=qk_norm, norm_args=KV_EXTRA.get(norm, {}))).eval()
     idx = torch.randint(0, 97, (2, 24))
     with torch.no_grad():
         full = model(idx)
@@ -162,16 +168,19 @@ def test_meta_device_build_materialise_reset(norm: str, qk_norm: bool) -> None:
     model.to_empty(device="cpu")
     model.reset_parameters()
     reference = Llama(config)
+    constrained = {id(w): dim for w, dim in model.width_matrices()} if norm == "ngpt" else {}
     for (n, p), (_, q) in zip(model.named_parameters(), reference.named_parameters()):
         assert torch.isfinite(p).all(), n
         if p.ndim < 2:  # norm parameters are deterministic: identical to a normal build
             torch.testing.assert_close(p, q, msg=n)
+        elif id(p) in constrained:  # nGPT: unit norm along the model width, after the init
+            torch.testing.assert_close(p.norm(dim=constrained[id(p)]), torch.ones(p.shape[constrained[id(p)] - 1]))
         else:  # N(0, 0.02)
             assert abs(p.std().item() - 0.02) < 0.004, n
             assert abs(p.mean().item()) < 0.004, n
     if norm == "bhyt":
         assert all(float(layer.norms.c) > 0 for layer in model.layers)
-    assert model.lm_head is None  # tied: the output projection reads embed.weight
+    assert (model.lm_head is None) == config.tie_embeddings  # tied: the output projection reads embed.weight
     out = model(torch.randint(0, 97, (1, 8)))
     assert torch.isfinite(out).all()
 
@@ -180,20 +189,135 @@ def test_meta_device_build_materialise_reset(norm: str, qk_norm: bool) -> None:
 def test_state_dict_round_trip_and_keys(norm: str) -> None:
     """A state dict loads strictly into a fresh model of the same config and reproduces its logits; the
     post-residual sites add keys only where a scheme uses them, and QK-norm adds exactly its two gains."""
-    model = Llama(_small(norm, qk_norm=True)).eval()
+    qk_norm = not build_norm_scheme(norm).owns_attention_norms
+    model = Llama(_small(norm, qk_norm=qk_norm)).eval()
     with torch.no_grad():
         for p in model.parameters():
             if p.ndim < 2:
                 p.add_(0.1)
-    fresh = Llama(_small(norm, qk_norm=True)).eval()
+    fresh = Llama(_small(norm, qk_norm=qk_norm)).eval()
     fresh.load_state_dict(model.state_dict(), strict=True)
     idx = torch.randint(0, 97, (1, 12))
     with torch.no_grad():
         torch.testing.assert_close(fresh(idx), model(idx))
     plain = set(Llama(_small(norm)).state_dict())
-    assert set(model.state_dict()) - plain == {f"layers.{i}.attn.{n}_norm.weight" for i in range(2) for n in "qk"}
-    if norm not in ("post_ln", "mix_ln"):
+    if qk_norm:
+        assert set(model.state_dict()) - plain == {f"layers.{i}.attn.{n}_norm.weight" for i in range(2) for n in "qk"}
+    if norm not in ("post_ln", "mix_ln", "hybridnorm"):
         assert not any("_res." in k for k in plain)
+
+
+def test_new_zoo_state_dict_names_and_shapes() -> None:
+    """The keys and shapes issue 23 names, for each scheme of the second zoo (d=32, hd=8, H=4, K=2)."""
+
+    def shapes(norm: str, **kw) -> dict[str, tuple[int, ...]]:
+        sd = Llama(_small(norm, **kw)).state_dict()
+        return {k: tuple(v.shape) for k, v in sd.items() if not k.endswith(("_proj.weight", "embed.weight"))}
+
+    assert shapes("reordered", qk_norm="full") == {
+        **{f"layers.{i}.norms.{s}_out.weight": (32,) for i in range(2) for s in ("attn", "mlp")},
+        **{f"layers.{i}.attn.q_norm.weight": (32,) for i in range(2)},
+        **{f"layers.{i}.attn.k_norm.weight": (16,) for i in range(2)},
+        "final_norm.weight": (32,),
+    }
+    qkv = {f"layers.{i}.attn.{n}_norm.weight": (8,) for i in range(2) for n in "qkv"}
+    assert shapes("hybridnorm") == {
+        **qkv,
+        **{f"layers.{i}.norms.attn_res.weight": (32,) for i in range(2)},
+        "final_norm.weight": (32,),
+    }
+    assert shapes("hybridnorm", norm_args={"star": True}) == {
+        **qkv,
+        "layers.0.norms.attn_in.weight": (32,),
+        "layers.0.norms.mlp_in.weight": (32,),
+        "layers.1.norms.attn_res.weight": (32,),
+        "final_norm.weight": (32,),
+    }
+    assert shapes("ssnorm") == {
+        **{f"layers.{i}.norms.{s}_in.weight": (1,) for i in range(2) for s in ("attn", "mlp")},
+        "final_norm.weight": (1,),
+    }
+    gpas = shapes("gpas")
+    assert {k: v for k, v in gpas.items() if "gpas" in k} == {f"layers.{i}.norms.gpas_gate": (1,) for i in range(2)}
+    model = Llama(_small("gpas"))
+    assert all(float(layer.norms.gpas_gate.detach()) == 0.0 for layer in model.layers)
+    from bhyt_pl.optim import parameter_groups
+
+    no_decay = {id(p) for p in parameter_groups(model, 0.1)[1]["params"]}
+    assert all(id(layer.norms.gpas_gate) in no_decay for layer in model.layers)
+
+
+def test_ngpt_names_settings_and_weight_constraint() -> None:
+    """nGPT: the state-dict names and inits of issue 23, untied embeddings, softmax scale sqrt(hd), unit-norm
+    weights along d at init, after loading and after the post-step hook, and the chunked loss with s_z."""
+    model = Llama(_small("ngpt"))
+    sd = model.state_dict()
+    d = 32
+    expected = {
+        "s_z": (97, 1 / d**0.5),
+        **{f"layers.{i}.attn.sq": (32, 1 / d**0.5) for i in range(2)},
+        **{f"layers.{i}.attn.sk": (16, 1 / d**0.5) for i in range(2)},
+        **{f"layers.{i}.mlp.{n}": (48, 1.0) for i in range(2) for n in ("s_up", "s_gate")},
+        **{f"layers.{i}.norms.{n}": (32, 1 / d**0.5) for i in range(2) for n in ("alpha_attn", "alpha_mlp")},
+    }
+    assert {k: v for k, v in sd.items() if v.ndim == 1}.keys() == expected.keys()
+    for key, (width, init) in expected.items():
+        torch.testing.assert_close(sd[key], torch.full((width,), init), msg=key)
+    assert model.lm_head is not None and model.config.tie_embeddings is False
+    assert isinstance(model.final_norm, torch.nn.Identity)
+    assert model.layers[0].attn.softmax_scale == 8**0.5
+    with pytest.raises(ValueError, match=r"norm 'ngpt' needs tie_embeddings=False \(got True\)"):
+        _small("ngpt", tie_embeddings=True)
+    with pytest.raises(ValueError, match=r"norm 'ngpt' sets its own attention norms"):
+        _small("ngpt", qk_norm="head")
+
+    def unit(m: Llama) -> bool:
+        return all(torch.allclose(w.norm(dim=dim), torch.ones(()), atol=1e-5) for w, dim in m.width_matrices())
+
+    assert unit(model)
+    raw = {k: v * 3 if v.ndim == 2 else v for k, v in sd.items()}  # weights off the sphere
+    fresh = Llama(_small("ngpt"))
+    fresh.load_state_dict(raw)
+    assert unit(fresh) and torch.allclose(fresh.layers[0].attn.o_proj.weight, model.layers[0].attn.o_proj.weight)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    idx = torch.randint(0, 97, (2, 12))
+    labels = torch.cat([idx[:, 1:], torch.full((2, 1), -100)], dim=1)
+    model(idx, labels=labels).loss.backward()
+    optimizer.step()
+    assert not unit(model)
+    model.constrain_weights()  # LlamaLM.optimizer_step's hook
+    assert unit(model)
+    with torch.no_grad():  # the chunked loss applies the same logit scale as the logits
+        model.s_z.mul_(torch.rand(97) + 0.5)
+        plain = F.cross_entropy(model(idx)[:, :-1].flatten(0, 1), idx[:, 1:].flatten())
+        torch.testing.assert_close(model(idx, labels=labels).loss, plain)
+
+
+def test_qk_norm_choices_and_schemes_that_own_attention_norms() -> None:
+    """``true`` is ``"head"`` (older configs load); ``hybridnorm`` refuses any qk_norm; a bad value is named."""
+    assert _small(qk_norm=True).qk_norm == "head" and _small(qk_norm=False).qk_norm_layout is None
+    old = Llama(_small(qk_norm=True))
+    Llama(_small(qk_norm="head")).load_state_dict(old.state_dict(), strict=True)
+    with pytest.raises(ValueError, match=r"norm 'hybridnorm' sets its own attention norms; qk_norm must be false"):
+        _small("hybridnorm", qk_norm="full")
+    with pytest.raises(ValueError, match=r"qk_norm must be false, 'head', 'full' or true .*got 'rows'"):
+        _small(qk_norm="rows")
+
+
+def test_default_attention_is_bit_identical_to_plain_sdpa() -> None:
+    """The scheme-driven attention without QK-norm computes exactly the pre-interface formula."""
+    from bhyt_pl.model import apply_rope
+
+    attn = Llama(_small()).layers[0].attn
+    x = torch.randn(2, 7, 32)
+    cos, sin = rope_cos_sin(torch.arange(7), 8, 500000.0)
+    q = apply_rope(attn.q_proj(x).view(2, 7, 4, 8).transpose(1, 2), cos, sin)
+    k = apply_rope(attn.k_proj(x).view(2, 7, 2, 8).transpose(1, 2), cos, sin)
+    v = attn.v_proj(x).view(2, 7, 2, 8).transpose(1, 2)
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    with torch.no_grad():
+        assert torch.equal(attn(x, cos, sin), attn.o_proj(y.transpose(1, 2).reshape(2, 7, 32)))
+    assert attn.softmax_scale == 1 / 8**0.5
 
 
 def test_post_and_mix_ln_placement() -> None:
@@ -245,12 +369,12 @@ def test_compile_fullgraph(norms: list[str], backend: str) -> None:
     """torch.compile(block, fullgraph=True): graph capture and autograd for every scheme (aot_eager; the
     Post-LN block and QK-norm once each), and full inductor code generation for BHyT (about 15 s a scheme
     on this CPU, so only one)."""
-    cases = [(n, False) for n in norms] + ([("post_ln", True)] if backend == "aot_eager" else [])
+    cases = [(n, False) for n in norms] + ([("post_ln", True), ("reordered", "full")] if backend == "aot_eager" else [])
     for norm, qk_norm in cases:
         torch._dynamo.reset()  # a fresh cache per scheme: more block types than dynamo's recompile limit
-        config = LlamaConfig(
-            dim=16, n_layers=1, n_heads=2, n_kv_heads=1, mlp_dim=24, vocab_size=8, norm=norm, qk_norm=qk_norm
-        )
+        settings = build_norm_scheme(norm).model_settings  # nGPT: untied embeddings
+        shape = dict(dim=16, n_layers=1, n_heads=2, n_kv_heads=1, mlp_dim=24, vocab_size=8)
+        config = LlamaConfig(**shape, norm=norm, qk_norm=qk_norm, **settings)
         block = Block(config, 0, config.norm_scheme())
         block.refresh_norm_constants()
         x = torch.randn(1, 6, 16, requires_grad=True)

@@ -13,7 +13,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lm_fixtures import TINY_OVERRIDES, TokenDataModule, quiet_trainer
 
 from bhyt_pl import Llama, LlamaConfig, LlamaLM, load_model
-from bhyt_pl.module import training_flops_per_token
+from bhyt_pl.flops import training_flops_per_token
 from bhyt_pl.optim import cosine_with_warmup
 
 
@@ -80,6 +80,26 @@ def test_optimizer_groups_schedule_and_no_decay_on_norms() -> None:
     assert opt.defaults["betas"] == (0.9, 0.95)
     # after 4 steps with warmup 2 and total 4: multiplier cos(pi * 2/2) -> 0
     assert opt.param_groups[0]["lr"] == pytest.approx(1e-2 * cosine_with_warmup(4, 2, 4, 0.0))
+
+
+def test_ngpt_recipe_and_post_step_weight_constraint(caplog) -> None:
+    """nGPT declares no weight decay and no warmup (OLMo-core's recipe): applied unless given, logged; fit
+    renormalises every matrix along d after each optimizer step."""
+    import logging
+
+    with caplog.at_level(logging.INFO):
+        lm = LlamaLM(overrides=TINY_OVERRIDES, norm="ngpt", lr=1e-2)
+    assert (lm.hparams.weight_decay, lm.hparams.warmup_steps) == (0.0, 0)
+    assert "norm 'ngpt': weight_decay=0.0, warmup_steps=0 from its recipe" in caplog.text
+    mine = LlamaLM(overrides=TINY_OVERRIDES, norm="ngpt", weight_decay=0.05, warmup_steps=3)
+    assert (mine.hparams.weight_decay, mine.hparams.warmup_steps) == (0.05, 3)
+    plain = LlamaLM(overrides=TINY_OVERRIDES)
+    assert (plain.hparams.weight_decay, plain.hparams.warmup_ratio, plain.hparams.warmup_steps) == (0.1, 0.05, None)
+    trainer = quiet_trainer(max_steps=2)
+    trainer.fit(lm, TokenDataModule())
+    assert trainer.optimizers[0].param_groups[0]["weight_decay"] == 0.0
+    for w, dim in lm.model.width_matrices():
+        torch.testing.assert_close(w.detach().norm(dim=dim), torch.ones(w.shape[dim - 1]))
 
 
 def test_subclass_with_auxiliary_loss_trains() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SKIP_DIRS = {".git", ".venv", ".cache", ".ruff_cache", ".pytest_cache", "__pycache__", "runs", "build"}
 TEXT_SUFFIXES = {".py", ".md", ".yaml", ".yml", ".toml", ".sh", ".txt", ".cfg", ".ini", ""}
-OUTSIDE = re.compile(r"\.\./shared|shared/spec|spec sections? \d")
+OUTSIDE = re.compile(r"\.\./shared|shared/spec|spec sections? \d", re.IGNORECASE)
 POINTER = re.compile(r"docs/method\.md,? sections? (\d+)(?:\s*(?:-|and)\s*(\d+))?")
 THIS_FILE = Path(__file__).resolve()
 
@@ -42,3 +42,9 @@ def test_pointers_into_docs_method_name_existing_sections() -> None:
             for number in filter(None, match.groups()):
                 assert int(number) in sections, f"{path.relative_to(ROOT)}: {match.group(0)!r}"
     assert pointers > 20
+
+
+def test_the_outside_pattern_ignores_case() -> None:
+    for text in ("Spec sections 2-3.", "spec section 4", "see Shared/Spec/bhyt.md", "../SHARED/x"):
+        assert OUTSIDE.search(text), text
+    assert not OUTSIDE.search("docs/method.md, sections 2-3")

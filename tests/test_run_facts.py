@@ -1,8 +1,11 @@
-"""Run facts (BHyT's T) are declared by the scheme and bound by every entry point; fine-tuning binds the
-fine-tuning run's T and may turn the final norm into a BHyT site; checkpoints carry a schema version."""
+"""A run's config is built by one function, ``build_run_config``: the scheme is resolved once, run facts are
+declared by the scheme alone (no central list) and bound by every entry point through that function;
+fine-tuning binds the fine-tuning run's T and may turn the final norm into a BHyT site; checkpoints carry a
+schema version."""
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 from pathlib import Path
 from types import SimpleNamespace
@@ -12,12 +15,31 @@ import torch
 from lm_fixtures import TINY_OVERRIDES
 from reference_model import vo_constant_ref
 
+import bhyt_pl.norms
 from bhyt_pl import Llama, LlamaConfig, LlamaLM, load_model
 from bhyt_pl.checkpoint import SCHEMA_VERSION, checkpoint_entry
-from bhyt_pl.norms import BHyT, BHyTScheme, NormScheme, RMSNorm, build_norm_scheme, register_norm
+from bhyt_pl.norms import BHyT, BHyTScheme, NormScheme, RMSNorm, RMSNormScheme, base, build_norm_scheme, register_norm
 from bhyt_pl.norms.bhyt import UNBOUND_SEQ_LEN
+from bhyt_pl.run_config import build_run_config, data_run_facts
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+class BatchProbeScheme(RMSNormScheme):
+    """A scheme with a run fact no entry point names: ``batch_size``, declared here and nowhere else."""
+
+    run_facts = ("batch_size",)
+
+    def __init__(self, eps: float = 1e-5, impl: str = "auto", batch_size: int | None = None) -> None:
+        super().__init__(eps, impl)
+        self.batch_size = batch_size
+
+
+@pytest.fixture(autouse=True)
+def batch_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``batch_probe`` registered for this module's tests only (other tests list the registered norms)."""
+    monkeypatch.setattr(base, "_REGISTRY", dict(base._REGISTRY))
+    register_norm("batch_probe")(BatchProbeScheme)
 
 
 def assert_model_uses_T(model: Llama, T: int) -> None:
@@ -49,22 +71,67 @@ def pretrained(tmp_path: Path) -> Path:
     return write_checkpoint(model, tmp_path / "pretrained.ckpt")
 
 
-# ----------------------------------------------------------------------------- the contract itself
+# ----------------------------------------------------------------------------- the one function
+def test_build_run_config_binds_declared_facts_and_ignores_the_rest() -> None:
+    facts = {"seq_len": 64, "batch_size": 4, "tokenizer": "embedded"}
+    config = build_run_config("tiny", "bhyt", {"lambda_attn": 1.5}, TINY_OVERRIDES, facts)
+    assert config.norm_args == {"lambda_attn": 1.5, "seq_len": 64}
+    assert config.n_layers == TINY_OVERRIDES["n_layers"] and config.name == "tiny"
+    scheme = config.norm_scheme()
+    assert isinstance(scheme, BHyTScheme) and scheme.seq_len == 64 and scheme.lambda_attn == 1.5
+    assert build_run_config("tiny", "rmsnorm", run_facts=facts).norm_args == {}
+    assert build_run_config("tiny", "batch_probe", run_facts=facts).norm_args == {"batch_size": 4}
+    # a scheme instance: its arguments become the config's, then the facts are bound
+    config = build_run_config("tiny", BHyTScheme(lambda_attn=1.0), run_facts={"seq_len": 40})
+    assert config.norm_args["lambda_attn"] == 1.0 and config.norm_args["seq_len"] == 40
+    with pytest.raises(ValueError, match="norm_args is only for a norm given by name"):
+        build_run_config("tiny", BHyTScheme(), {"lambda_attn": 1.0})
+    with pytest.raises(ValueError, match=r"seq_len=600 exceeds the model's max_seq_len=512"):
+        build_run_config("tiny", "bhyt", run_facts={"seq_len": 600})
+
+
+def test_build_run_config_keeps_explicit_facts_and_warns_on_unbound_ones() -> None:
+    with pytest.warns(UserWarning, match=r"seq_len=16 is set in the norm arguments and kept; this run's seq_len is 48"):
+        config = build_run_config("tiny", "bhyt", {"seq_len": 16}, run_facts={"seq_len": 48})
+    assert config.norm_scheme().seq_len == 16
+    with pytest.warns(
+        UserWarning, match=r"needs the run fact\(s\) \['batch_size'\].*run_facts=\{'batch_size': \.\.\.\}"
+    ):
+        config = build_run_config("tiny", "batch_probe", run_facts={"seq_len": 48, "batch_size": None})
+    assert config.norm_scheme().batch_size is None
+
+
+def test_the_scheme_is_resolved_once_and_read_from_the_instance(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    resolve = bhyt_pl.norms.build_norm_scheme
+
+    def counting(norm, **kwargs):
+        calls.append(norm)
+        return resolve(norm, **kwargs)
+
+    monkeypatch.setattr(bhyt_pl.norms, "build_norm_scheme", counting)
+    lm = LlamaLM(overrides=TINY_OVERRIDES, norm="bhyt", norm_args={"exact_layers": 1}, seq_len=48)
+    lm.configure_model()
+    scheme = lm.config.norm_scheme()
+    assert calls == ["bhyt"]  # one resolution for the whole run: binding, the model, the trainer read the instance
+    assert lm.config.norm_scheme() is scheme and scheme.seq_len == 48 and scheme.exact_layers == 1
+    assert [layer.norms.approximate for layer in lm.model.layers] == [False] + [True] * (len(lm.model.layers) - 1)
+
+
 def test_bind_sets_declared_facts_and_ignores_the_rest() -> None:
     bhyt = build_norm_scheme("bhyt", lambda_attn=1.5)
     assert bhyt.run_facts == ("seq_len",) and bhyt.unbound_run_facts() == ["seq_len"]
-    bound = bhyt.bind(seq_len=256)
+    bound = bhyt.bind(seq_len=256, batch_size=8)
     assert bound.seq_len == 256 and bound.lambda_attn == 1.5 and bound.unbound_run_facts() == []
     assert bhyt.seq_len is None  # a copy: the unbound scheme is unchanged
     assert bound.bind(seq_len=256) is bound and bhyt.bind(seq_len=None) is bhyt
     rms = build_norm_scheme("rmsnorm")
     assert rms.run_facts == () and rms.bind(seq_len=256) is rms
-    with pytest.raises(TypeError, match=r"unknown run fact\(s\) \['seq_lenn'\]; run facts: seq_len"):
-        bhyt.bind(seq_lenn=256)
+    assert build_norm_scheme("batch_probe").bind(seq_len=256, batch_size=8).batch_size == 8
 
 
-def test_a_scheme_declares_only_constructor_arguments_as_run_facts() -> None:
-    with pytest.raises(TypeError, match=r"run_facts \['seq_len'\] must be constructor arguments"):
+def test_a_scheme_declares_only_constructor_arguments_that_default_to_none_as_run_facts() -> None:
+    with pytest.raises(TypeError, match=r"run_facts \['seq_len'\] must be constructor arguments that default to None"):
 
         @register_norm("no_seq_len_argument")
         class Broken(NormScheme):
@@ -73,33 +140,71 @@ def test_a_scheme_declares_only_constructor_arguments_as_run_facts() -> None:
             def __init__(self, eps: float = 1e-5) -> None:
                 self.eps = eps
 
+    with pytest.raises(TypeError, match=r"run_facts \['batch_size'\] must be constructor arguments"):
+
+        @register_norm("batch_size_not_none")
+        class Defaulted(NormScheme):
+            run_facts = ("batch_size",)
+
+            def __init__(self, batch_size: int = 8) -> None:
+                self.batch_size = batch_size
+
 
 def test_unbound_bhyt_uses_the_documented_default_T() -> None:
     torch.manual_seed(0)
     model = Llama(LlamaConfig.from_name("tiny", **TINY_OVERRIDES, norm="bhyt"))
     assert_model_uses_T(model, UNBOUND_SEQ_LEN)
-    config = LlamaConfig.from_name("tiny", **TINY_OVERRIDES, norm="bhyt").bind(seq_len=48)
+    config = build_run_config("tiny", "bhyt", overrides=TINY_OVERRIDES, run_facts={"seq_len": 48})
     assert config.norm_args == {"seq_len": 48}
     assert_model_uses_T(Llama(config), 48)
 
 
+def test_data_modules_declare_their_run_facts() -> None:
+    from bhyt_pl.data import C4DataModule, LIMADataModule
+
+    assert data_run_facts(C4DataModule.embedded(seq_len=96, batch_size=3)) == {"seq_len": 96, "batch_size": 3}
+    lima = LIMADataModule(tokenizer="embedded", max_seq_len=56, batch_size=2)
+    assert data_run_facts(lima) == {"seq_len": 56, "batch_size": 2}
+    assert data_run_facts(SimpleNamespace(seq_len=96)) == {}  # no guessing at attributes
+
+
+# ----------------------------------------------------------------------------- every entry point calls it
+ENTRY_POINTS = {
+    "bhyt_pl/module.py": "LlamaLM (the CLI, fine-tuning and the study build through it)",
+    "bhyt_pl/bench/models.py": "the bench's models",
+    "bhyt_pl/bench/sites.py": "the bench's norm sites",
+    "scripts/gpu_distributed_check.py": "the GPU script",
+}
+
+
+@pytest.mark.parametrize("path", sorted(ENTRY_POINTS))
+def test_each_entry_point_calls_the_one_function_and_binds_nothing_itself(path: str) -> None:
+    tree = ast.parse((ROOT / path).read_text())
+    called = {node.func.id for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
+    attributes = {
+        node.func.attr for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+    }
+    assert "build_run_config" in called, f"{ENTRY_POINTS[path]} must build its config with build_run_config"
+    assert not attributes & {"bind", "from_name"}, f"{ENTRY_POINTS[path]} binds or builds a config itself"
+
+
 # ----------------------------------------------------------------------------- entry points
-def test_python_api_binds_T_and_warns_without_it() -> None:
+def test_python_api_binds_T_and_a_new_fact() -> None:
     lm = LlamaLM(overrides=TINY_OVERRIDES, norm="bhyt", seq_len=48)
     lm.configure_model()
     assert lm.config.norm_args["seq_len"] == 48 and lm.hparams["norm_args"]["seq_len"] == 48
     assert_model_uses_T(lm.model, 48)
-    # a scheme instance (class_path/init_args) is bound too, not left at a default
     lm = LlamaLM(overrides=TINY_OVERRIDES, norm=BHyTScheme(lambda_attn=1.0), seq_len=40)
     assert lm.config.norm_args["seq_len"] == 40 and lm.config.norm_args["lambda_attn"] == 1.0
-    with pytest.warns(UserWarning, match=r"needs the run fact\(s\) \['seq_len'\].*LlamaLM\(seq_len=\.\.\.\)"):
+    lm = LlamaLM(overrides=TINY_OVERRIDES, norm="batch_probe", seq_len=48, run_facts={"batch_size": 4})
+    assert lm.config.norm_scheme().batch_size == 4 and lm.hparams["norm_args"] == {"batch_size": 4}
+    with pytest.warns(UserWarning, match=r"needs the run fact\(s\) \['seq_len'\]"):
         LlamaLM(overrides=TINY_OVERRIDES, norm="bhyt")
-    with pytest.warns(UserWarning, match=r"seq_len=16 is set in the norm arguments and kept; this run's seq_len is 48"):
-        lm = LlamaLM(overrides=TINY_OVERRIDES, norm="bhyt", norm_args={"seq_len": 16}, seq_len=48)
-    assert lm.config.norm_args["seq_len"] == 16
+    with pytest.raises(ValueError, match=r"seq_len=48 and run_facts\['seq_len'\]=32 differ"):
+        LlamaLM(overrides=TINY_OVERRIDES, norm="bhyt", seq_len=48, run_facts={"seq_len": 32})
 
 
-def test_cli_binds_the_data_modules_length_into_a_scheme_instance() -> None:
+def test_cli_binds_the_data_modules_facts_into_a_scheme_instance() -> None:
     from bhyt_pl.cli import main
 
     args = [
@@ -110,6 +215,16 @@ def test_cli_binds_the_data_modules_length_into_a_scheme_instance() -> None:
     cli.model.configure_model()
     assert cli.model.config.norm_args["lambda_attn"] == 1.0
     assert_model_uses_T(cli.model.model, 96)
+    args = [
+        "--config",
+        str(ROOT / "recipes/tiny.yaml"),
+        "--data.init_args.batch_size",
+        "3",
+        "--model.norm",
+        "batch_probe",
+    ]
+    cli = main(args, run=False)
+    assert cli.model.config.norm_scheme().batch_size == 3
 
 
 def test_init_checkpoint_binds_the_fine_tuning_runs_T(pretrained: Path) -> None:
@@ -119,6 +234,13 @@ def test_init_checkpoint_binds_the_fine_tuning_runs_T(pretrained: Path) -> None:
     assert_model_uses_T(sft.model, 48)
     kept = LlamaLM(init_checkpoint=str(pretrained))  # no length given: the checkpoint's T stays
     assert kept.config.norm_args["seq_len"] == 32
+
+
+def test_init_checkpoint_binds_a_new_fact(tmp_path: Path) -> None:
+    config = build_run_config("tiny", "batch_probe", overrides=TINY_OVERRIDES, run_facts={"batch_size": 2})
+    probe = write_checkpoint(Llama(config), tmp_path / "probe.ckpt")
+    sft = LlamaLM(init_checkpoint=str(probe), run_facts={"seq_len": 48, "batch_size": 7})
+    assert sft.config.norm_args == {"batch_size": 7} and sft.config.norm_scheme().batch_size == 7
 
 
 def test_sft_final_norm_becomes_bhyt_with_the_pretrained_gain(pretrained: Path) -> None:
@@ -168,7 +290,7 @@ def test_sft_recipe_with_the_bhyt_overlay(pretrained: Path) -> None:
     assert_model_uses_T(cli.model.model, 56)  # LIMA's max_seq_len, not the pretraining 32
 
 
-def test_study_binds_its_sequence_length(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_study_binds_its_sequence_length_and_a_new_fact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from bhyt_pl.study import main, runner
 
     built: list[LlamaLM] = []
@@ -181,31 +303,39 @@ def test_study_binds_its_sequence_length(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setattr(runner, "LlamaLM", recording)
     tiny = ["--quick", "--layers", "2", "--steps", "1", "--seq-len", "24", "--batch-size", "2", "--val-batches", "1",
             "--seeds", "1", "--lrs", "3e-3", "--no-importance"]  # fmt: skip
-    assert main([*tiny, "--shuffle-buffer", "4", "--schemes", "bhyt", "--out", str(tmp_path / "study")]) == 0
-    (lm,) = built
-    assert lm.config.norm_args["seq_len"] == 24
-    assert_model_uses_T(lm.model, 24)
+    schemes = ["--schemes", "bhyt", "batch_probe"]
+    argv = [*tiny, "--shuffle-buffer", "4", "--workers", "1", "--no-compile", *schemes]  # in-process: patched
+    assert main([*argv, "--out", str(tmp_path / "study")]) == 0
+    bhyt, probe = built
+    assert bhyt.config.norm_args["seq_len"] == 24
+    assert_model_uses_T(bhyt.model, 24)
+    assert probe.config.norm_scheme().batch_size == 2
 
 
-def test_bench_binds_its_sequence_length() -> None:
+def test_bench_binds_its_sequence_length_and_a_new_fact() -> None:
     from bhyt_pl.bench.models import build_model
     from bhyt_pl.bench.sites import block_norms
-    from bhyt_pl.bench.variants import parse_variant
+    from bhyt_pl.variants import parse_variant
 
     variant = parse_variant("bhyt:lambda_attn=1.0")
     model = build_model("tiny", variant, {"n_layers": 2}, torch.device("cpu"), torch.float32, seq_len=40)
     assert model.config.norm_args["seq_len"] == 40
     assert_model_uses_T(model, 40)
     assert block_norms(variant, 64, 4, torch.device("cpu"), torch.float32, seq_len=40).seq_len == 40
+    probe = build_model(
+        "tiny", parse_variant("batch_probe"), {"n_layers": 2}, torch.device("cpu"), torch.float32, 40, 6
+    )
+    assert probe.config.norm_scheme().batch_size == 6
 
 
-def test_gpu_distributed_check_binds_its_sequence_length() -> None:
+def test_gpu_distributed_check_binds_its_sequence_length_and_a_new_fact() -> None:
     spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts/gpu_distributed_check.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    config = script.model_config(SimpleNamespace(preset="tiny", seq_len=80), "bhyt")
-    assert config.norm_args == {"seq_len": 80}
-    assert script.model_config(SimpleNamespace(preset="tiny", seq_len=80), "rmsnorm").norm_args == {}
+    args = SimpleNamespace(preset="tiny", seq_len=80, batch=5)
+    assert script.model_config(args, "bhyt").norm_args == {"seq_len": 80}
+    assert script.model_config(args, "rmsnorm").norm_args == {}
+    assert script.model_config(args, "batch_probe").norm_args == {"batch_size": 5}
 
 
 # ----------------------------------------------------------------------------- checkpoint schema

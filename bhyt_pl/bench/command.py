@@ -13,21 +13,26 @@ from typing import Any
 
 import torch
 
+from bhyt_pl.bench.decode import parse_size, profile_generate
 from bhyt_pl.bench.generation import generation_fns
 from bhyt_pl.bench.memory import STEP_SIDES, saved_activation_bytes, step_peak_memory
 from bhyt_pl.bench.models import build_model, compile_blocks, hf_peer, litgpt_available, litgpt_peer
-from bhyt_pl.bench.report import PAPER, markdown, throughput_entries, time_entries
+from bhyt_pl.bench.prenorm import prenorm_step, saving_tanh
+from bhyt_pl.bench.report import PAPER, markdown, ratio_markdown, throughput_entries, time_entries
 from bhyt_pl.bench.sites import block_norms, memory_bandwidth, site_bytes, site_step
+from bhyt_pl.bench.study_run import study_run_markdown, study_run_table
 from bhyt_pl.bench.tanh import tanh_table
-from bhyt_pl.bench.timing import interleaved, machine_info, median, synchronizer
+from bhyt_pl.bench.timing import interleaved, machine_info, median, paired_ratio, synchronizer
 from bhyt_pl.bench.train_step import train_step
-from bhyt_pl.bench.variants import DEFAULT_VARIANTS, Variant, parse_variant
+from bhyt_pl.variants import DEFAULT_VARIANTS, Variant, parse_variant
 
-__all__ = ["PARTS", "PEER", "main", "parser", "run"]
+__all__ = ["DEFAULT_PARTS", "PARTS", "PEER", "main", "parser", "run"]
 
 log = logging.getLogger(__name__)
 
-PARTS = ("sites", "tanh", "train", "generate", "memory", "step_memory")
+PARTS = ("sites", "tanh", "train", "generate", "memory", "step_memory", "prenorm", "train_ratio", "decode", "study_run")
+DEFAULT_PARTS = PARTS[:6]
+"""What a bare ``bench`` runs; ``prenorm``, ``train_ratio``, ``decode`` and ``study_run`` are asked for by name."""
 BASELINE = "rmsnorm"
 """The variant every run includes and the ratios divide by; the transformers and litgpt peers are built from it."""
 
@@ -86,7 +91,18 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--mem-layers", type=int, default=2, help="step_memory: the preset cut to this many layers")
     p.add_argument("--mem-batch", type=int, default=2, help="step_memory: sequences per step")
     p.add_argument("--mem-seq-len", type=int, default=1024, help="step_memory: tokens per sequence")
-    p.add_argument("--parts", default=",".join(PARTS), help=f"subset of {','.join(PARTS)}")
+    p.add_argument(
+        "--decode-sizes",
+        default="tiny,small,llama-374m:2",
+        help="decode: presets (preset:n_layers cuts one) whose whole generate call is timed and profiled",
+    )
+    p.add_argument("--study-steps", type=int, default=None, help="study_run: steps per run (default: the study's, 180)")
+    p.add_argument("--study-repeats", type=int, default=2, help="study_run: runs per scheme and path")
+    p.add_argument(
+        "--parts",
+        default=",".join(DEFAULT_PARTS),
+        help=f"subset of {','.join(PARTS)} (default: the first six; study_run: rmsnorm and bhyt)",
+    )
     p.add_argument(
         "--peers",
         action=argparse.BooleanOptionalAction,
@@ -129,6 +145,9 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         "mem_overrides": {"n_layers": args.mem_layers},
         "mem_batch": args.mem_batch,
         "mem_seq_len": args.mem_seq_len,
+        "study_steps": args.study_steps,
+        "study_repeats": args.study_repeats,
+        "decode_sizes": [t for t in args.decode_sizes.split(",") if t],
         "attn_implementation": "sdpa (torch.nn.functional.scaled_dot_product_attention) in both",
         "compile_path": "torch.compile of each block in place (Block.compile(dynamic=False)); generation: "
         "Llama.generate(compile=True), one compiled decode step over a static cache",
@@ -136,6 +155,8 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     }
     if args.quick:
         settings.update(QUICK)
+    for size in settings["decode_sizes"]:
+        parse_size(size)
     if settings["new_tokens"] < 2:
         raise ValueError(f"--new-tokens must be >= 2 (one prefill plus decode steps), got {settings['new_tokens']}")
     return settings
@@ -152,7 +173,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(settings, indent=2))
         return 0
     results = run(settings)
-    print(markdown(results))
+    if set(settings["parts"]) & set(DEFAULT_PARTS):
+        print(markdown(results))
+    print(ratio_markdown(results))
+    if "study_run" in results:
+        print(study_run_markdown(results["study_run"]))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=2))
     print(f"wrote {args.json}")
@@ -168,9 +193,17 @@ def run(settings: dict[str, Any]) -> dict[str, Any]:
     limits = {k: getattr(dynamo, k) for k in ("recompile_limit", "cache_size_limit") if hasattr(dynamo, k)}
     try:
         torch.set_num_threads(settings["threads"])
+        if "study_run" in settings["parts"]:  # first, with the study's own dynamo limits
+            names = [v for v in settings["schemes"] if v in ("rmsnorm", "bhyt")] or settings["schemes"][:2]
+            study = study_run_table(names, settings["study_steps"], settings["study_repeats"])
+            if settings["parts"] == ["study_run"]:
+                return {"machine": machine_info(torch.device("cpu")), "settings": settings, "study_run": study}
         for k in limits:  # one compiled graph per scheme and shape: far more than the default 8
             setattr(dynamo, k, 512)
-        return _run(settings, device, dtype)
+        results = _run(settings, device, dtype)
+        if "study_run" in settings["parts"]:
+            results["study_run"] = study
+        return results
     finally:
         torch.set_num_threads(threads)
         for k, v in limits.items():
@@ -199,6 +232,12 @@ def _run(settings: dict[str, Any], device: torch.device, dtype: torch.dtype) -> 
         _train(results, variants, settings, device, dtype, sync)
     if "generate" in parts:
         _generate(results, variants, settings, device, dtype, sync)
+    if "prenorm" in parts:
+        _prenorm(results, variants, settings, device, dtype, sync)
+    if "train_ratio" in parts:
+        _train_ratio(results, variants, settings, device, dtype, sync)
+    if "decode" in parts:
+        _decode(results, variants, settings, device, dtype, sync)
     if "step_memory" in parts:
         sides = STEP_SIDES if settings["peers"] else STEP_SIDES[:2]
         results["step_memory"] = step_peak_memory(
@@ -248,7 +287,7 @@ def _train(results, variants: list[Variant], settings, device, dtype, sync) -> N
     for mode, use_compile in _modes(settings).items():
         steps = {}
         for v in variants:
-            model = build_model(settings["preset"], v, settings["overrides"], device, dtype, settings["seq_len"])
+            model = build_model(settings["preset"], v, settings["overrides"], device, dtype, T, batch_size=B)
             if use_compile:
                 compile_blocks(model)
             step, forward_loss = train_step(model, B, T, model.config.vocab_size)
@@ -267,6 +306,99 @@ def _train(results, variants: list[Variant], settings, device, dtype, sync) -> N
             samples = interleaved(steps, settings["repeats"], warmup=1, sync=sync)
             medians = {n: median(s) for n, s in samples.items()}
             results.setdefault("train_step", {})[mode] = throughput_entries(medians, B * T, samples)
+
+
+def _prenorm(results, variants: list[Variant], settings, device, dtype, sync) -> None:
+    """``prenorm``: both pre-norm sites of a block per scheme, and BHyT's Function saving its tanh."""
+    for dim in settings["site_dims"]:
+        steps = {}
+        for v in variants:
+            norms = block_norms(v, dim, 16, device, dtype, settings["seq_len"])
+            steps[v.label] = prenorm_step(norms, settings["site_tokens"], dim, device, dtype)
+        if "bhyt" in steps:
+            norms = block_norms(parse_variant("bhyt"), dim, 16, device, dtype, settings["seq_len"])
+            saving = prenorm_step(norms, settings["site_tokens"], dim, device, dtype)
+
+            def save_tanh(step=saving) -> None:
+                with saving_tanh():
+                    step()
+
+            steps["bhyt (save tanh)"] = save_tanh
+        samples = interleaved(steps, settings["repeats"], warmup=1, sync=sync)
+        results.setdefault("prenorm", {})[f"d{dim}"] = {
+            "tokens": settings["site_tokens"],
+            "samples_s": samples,
+            "median_ms": {n: median(s) * 1e3 for n, s in samples.items()},
+            "time_vs_rmsnorm": {n: paired_ratio(s, samples[BASELINE]) for n, s in samples.items()},
+        }
+
+
+def _train_ratio(results, variants: list[Variant], settings, device, dtype, sync) -> None:
+    """``train_ratio``: the training step of every scheme, eager and compiled, all in one interleaved
+    loop, with each scheme's tokens/s over rmsnorm's per repetition (median and interval)."""
+    B, T = settings["batch"], settings["seq_len"]
+    steps = {}
+    for mode, use_compile in _modes(settings).items():
+        for v in variants:
+            model = build_model(settings["preset"], v, settings["overrides"], device, dtype, T)
+            if use_compile:
+                compile_blocks(model)
+            steps[f"{mode}/{v.label}"], _ = train_step(model, B, T, model.config.vocab_size)
+    samples = interleaved(steps, settings["repeats"], warmup=1, sync=sync)
+    ratios = {}
+    for name, s in samples.items():
+        mode, label = name.split("/", 1)
+        if label != BASELINE:  # tokens/s ratio = rmsnorm's time / this scheme's time, per repetition
+            ratios[f"{mode}: {label} / rmsnorm tokens/s"] = paired_ratio(samples[f"{mode}/{BASELINE}"], s)
+    results["train_ratio"] = {
+        "tokens_per_step": B * T,
+        "samples_s": samples,
+        "tokens_per_s": {n: B * T / median(s) for n, s in samples.items()},
+        "ratios": ratios,
+    }
+
+
+def _decode(results, variants: list[Variant], settings, device, dtype, sync) -> None:
+    """``decode``: whole greedy ``generate`` calls at each size, ours compiled (rmsnorm, bhyt; not with
+    ``--no-compile``), ours eager (rmsnorm) and transformers (``--peers``), interleaved; then one profiled
+    call of each (where the time goes)."""
+    B, P, N = settings["gen_batch"], settings["prompt_len"], settings["new_tokens"]
+    schemes = [v for v in variants if v.label in COMPILED_GENERATION]
+    for size in settings["decode_sizes"]:
+        preset, overrides = parse_size(size)
+        calls, compile_s = {}, {}
+        for v in schemes:
+            model = build_model(preset, v, overrides, device, dtype, settings["seq_len"])
+            if settings["compile"]:
+                _, generate = generation_fns(model, B, P, N, model.config.vocab_size, compile=True)
+                calls[f"compiled/{v.label}"] = generate
+                sync()
+                start = time.perf_counter()
+                generate()  # compiles the decode step
+                sync()
+                compile_s[v.label] = time.perf_counter() - start
+            if v.label == BASELINE:
+                _, calls[f"eager/{BASELINE}"] = generation_fns(model, B, P, N, model.config.vocab_size)
+                if settings["peers"]:
+                    hf = hf_peer(model)
+                    _, calls[PEER] = generation_fns(hf, B, P, N, model.config.vocab_size, hf=True)
+        samples = interleaved(calls, settings["repeats"], warmup=1, sync=sync)
+        entry: dict[str, Any] = {
+            "preset": preset,
+            "overrides": overrides,
+            "samples_s": samples,
+            "median_ms": {n: median(s) * 1e3 for n, s in samples.items()},
+            "compile_s": {n: t - median(samples[f"compiled/{n}"]) for n, t in compile_s.items()},
+        }
+        if PEER in samples:  # speed-up over transformers: its time / ours, per repetition
+            entry["vs_transformers"] = {n: paired_ratio(samples[PEER], s) for n, s in samples.items() if n != PEER}
+            profiled = [n for n in (f"compiled/{BASELINE}", f"eager/{BASELINE}", PEER) if n in calls]
+            entry["profile"] = {n: profile_generate(calls[n]) for n in profiled}
+            ours = f"compiled/{BASELINE}"
+            if ours in entry["profile"]:  # ours' matmul share of its median call: robust to load between calls
+                floor = entry["profile"][ours]["matmul_fraction"] * median(samples[ours])
+                entry["bound_vs_transformers"] = median(samples[PEER]) / floor if floor else None
+        results.setdefault("decode", {})[size] = entry
 
 
 COMPILED_GENERATION = ("rmsnorm", "bhyt")

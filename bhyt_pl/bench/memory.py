@@ -75,7 +75,7 @@ def measure_step_peak(spec: dict[str, Any]) -> dict[str, Any]:
     CUDA: ``torch.cuda.max_memory_allocated`` minus the allocated bytes before the step.
     """
     from bhyt_pl.bench.models import build_model, hf_peer
-    from bhyt_pl.bench.variants import parse_variant
+    from bhyt_pl.variants import parse_variant
 
     torch.set_num_threads(spec["threads"])
     device, dtype = torch.device(spec["device"]), getattr(torch, spec["dtype"])

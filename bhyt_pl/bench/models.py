@@ -6,20 +6,27 @@ from typing import Any
 
 import torch
 
-from bhyt_pl.bench.variants import Variant
-from bhyt_pl.config import LlamaConfig
 from bhyt_pl.model import Llama
+from bhyt_pl.run_config import build_run_config
+from bhyt_pl.variants import Variant
 
 __all__ = ["build_model", "compile_blocks", "hf_peer", "litgpt_available", "litgpt_peer"]
 
 
 def build_model(
-    preset: str, variant: Variant, overrides: dict[str, Any], device: torch.device, dtype: torch.dtype, seq_len: int
+    preset: str,
+    variant: Variant,
+    overrides: dict[str, Any],
+    device: torch.device,
+    dtype: torch.dtype,
+    seq_len: int,
+    batch_size: int | None = None,
 ):
-    """``Llama`` of ``preset`` (with ``overrides``) for ``variant``, initialised from seed 0, its norm scheme
-    bound to the benchmark's training length ``seq_len`` (BHyT's T)."""
-    config = LlamaConfig.from_name(preset, norm=variant.norm, norm_args=dict(variant.norm_args), **overrides)
-    config = config.bind(seq_len=seq_len)
+    """``Llama`` of ``preset`` (with ``overrides``) for ``variant``, initialised from seed 0, its config built by
+    ``build_run_config`` with the benchmark's run facts: the training length ``seq_len`` (BHyT's T) and
+    ``batch_size`` when the benchmark trains."""
+    facts = {"seq_len": seq_len, "batch_size": batch_size}
+    config = build_run_config(preset, variant.norm, variant.norm_args, overrides, facts)
     torch.manual_seed(0)
     with torch.device("meta"):
         model = Llama(config)

@@ -11,7 +11,7 @@ from typing import Any
 
 from bhyt_pl.bench.timing import median
 
-__all__ = ["PAPER", "markdown", "throughput_entries", "time_entries"]
+__all__ = ["PAPER", "markdown", "ratio_markdown", "throughput_entries", "time_entries"]
 
 BASELINE = "rmsnorm"
 
@@ -162,3 +162,53 @@ def markdown(results: dict[str, Any]) -> str:
                 f"{t['max_rel_error']:.1e} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def _interval(r: dict[str, float]) -> str:
+    return f"{r['median']:.3f} [{r['low']:.3f}, {r['high']:.3f}]"
+
+
+def ratio_markdown(results: dict[str, Any]) -> str:
+    """Tables of the ``prenorm``, ``train_ratio`` and ``decode`` parts: medians, and per-repetition
+    ratios as ``median [low, high]`` (a distribution-free interval of the median, ``paired_ratio``)."""
+    out = []
+    for key, e in results.get("prenorm", {}).items():
+        out += [
+            f"\nPre-norm sites (pre_attn then pre_mlp, fwd+bwd), {key}, {e['tokens']} tokens:",
+            "",
+            "| scheme | ms | time x rmsnorm [interval] | coverage |",
+            "|---|---|---|---|",
+        ]
+        for n, ms in e["median_ms"].items():
+            r = e["time_vs_rmsnorm"][n]
+            out.append(f"| {n} | {ms:.1f} | {_interval(r)} | {r['coverage']:.3f} |")
+    tr = results.get("train_ratio")
+    if tr:
+        out += ["\nTraining step, one interleaved loop:", "", "| candidate | tok/s |", "|---|---|"]
+        out += [f"| {n} | {v:.0f} |" for n, v in tr["tokens_per_s"].items()]
+        out += ["", "| ratio | median [interval] | coverage | n |", "|---|---|---|---|"]
+        out += [f"| {n} | {_interval(r)} | {r['coverage']:.3f} | {r['n']} |" for n, r in tr["ratios"].items()]
+    for size, e in results.get("decode", {}).items():
+        out += [
+            f"\nWhole generate call, {size}:",
+            "",
+            "| side | ms | x transformers [interval] | matmul | attention | other |",
+            "|---|---|---|---|---|---|",
+        ]
+        for n, ms in e["median_ms"].items():
+            r = e.get("vs_transformers", {}).get(n)
+            prof = e.get("profile", {}).get(n)
+            split = (
+                " | ".join(f"{prof[f'{k}_fraction']:.0%}" for k in ("matmul", "attention", "other"))
+                if prof
+                else "- | - | -"
+            )
+            out.append(f"| {n} | {ms:.1f} | {_interval(r) if r else '-'} | {split} |")
+        if e.get("bound_vs_transformers"):
+            out.append(f"\nBound (transformers' time / ours compiled matmul time): {e['bound_vs_transformers']:.2f}x")
+        if e.get("compile_s"):
+            out.append(
+                "Compile s (first call minus a warm one): "
+                + ", ".join(f"{n} {t:.1f}" for n, t in e["compile_s"].items())
+            )
+    return "\n".join(out)

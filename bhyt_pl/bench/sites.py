@@ -3,8 +3,10 @@
 One "block" of norm work is what ``Block.forward`` asks of its ``BlockNorms``: ``pre_attn`` on the
 block input, ``post_attn`` on the attention output, ``attn_residual`` after the first residual add,
 ``pre_mlp`` on ``h`` (with site A's context), ``post_mlp`` on the MLP output and ``mlp_residual``
-after the second add. The attention and the MLP are replaced by fixed tensors, so the time is the
-norms' (two sites, four for Peri-LN) plus the two residual adds every scheme shares.
+after the second add; the adds are the scheme's residual updates (``attn_update``, ``mlp_update``). The
+attention and the MLP are replaced by fixed tensors, so the time is the norms' (two sites, four for
+Peri-LN) plus the two residual adds every scheme shares. Norms inside attention (QK-norm, HybridNorm's
+q/k/v norms) are not block sites and are not timed here; ``bench`` times them in the train step.
 
 Roofline: ``site_bytes`` is the compulsory memory traffic of that work (each norm site reads its
 input and writes its output forward, and reads the output gradient and its input and writes the
@@ -22,8 +24,9 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from bhyt_pl.bench.variants import Variant
-from bhyt_pl.norms import BlockNorms, build_norm_scheme
+from bhyt_pl.norms import BlockNorms
+from bhyt_pl.run_config import build_run_config
+from bhyt_pl.variants import Variant
 
 __all__ = ["DATASHEET_BANDWIDTH", "block_norms", "memory_bandwidth", "site_bytes", "site_step"]
 
@@ -63,7 +66,11 @@ def block_norms(
 ) -> BlockNorms:
     """The norms of block 0 of ``n_layers`` for ``variant``, bound to the training length ``seq_len``;
     BHyT's cached ``c`` set to a typical 0.5 (there are no attention weights to derive it from)."""
-    scheme = build_norm_scheme(variant.norm, **variant.norm_args).bind(seq_len=seq_len)
+    # the scheme of a model of this width and depth, built as every run builds it; the attention's shape
+    # (one head of width 2) never reaches the norms
+    shape = {"dim": dim, "n_layers": n_layers, "n_heads": 1, "n_kv_heads": 1, "head_dim": 2, "max_seq_len": seq_len}
+    config = build_run_config("tiny", variant.norm, variant.norm_args, shape, {"seq_len": seq_len})
+    scheme = config.norm_scheme()
     norms = scheme.block_norms(dim, 0, n_layers)
     norms = norms.to(device=device, dtype=dtype)
     if hasattr(norms, "c"):
@@ -74,9 +81,9 @@ def block_norms(
 
 def _forward(norms: BlockNorms, x: torch.Tensor, a: torch.Tensor, m: torch.Tensor):
     u, ctx = norms.pre_attn(x)  # site A: x [N, d]
-    h = norms.attn_residual(x + norms.post_attn(a))  # a stands in for Attn(u)
+    h = norms.attn_residual(norms.attn_update(x, norms.post_attn(a)))  # a stands in for Attn(u)
     v = norms.pre_mlp(h, ctx)  # site B
-    y = norms.mlp_residual(h + norms.post_mlp(m))  # m stands in for MLP(v)
+    y = norms.mlp_residual(norms.mlp_update(h, norms.post_mlp(m)))  # m stands in for MLP(v)
     return u, v, y
 
 

@@ -8,6 +8,7 @@ and a candidate's figure is the median of its repetitions. Ratios are quotients 
 from __future__ import annotations
 
 import gc
+import math
 import os
 import platform
 import statistics
@@ -16,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["interleaved", "machine_info", "median", "synchronizer"]
+__all__ = ["interleaved", "machine_info", "median", "paired_ratio", "synchronizer"]
 
 
 def synchronizer(device: torch.device) -> Callable[[], None]:
@@ -73,6 +74,33 @@ def interleaved(
 
 def median(samples: list[float]) -> float:
     return statistics.median(samples)
+
+
+def paired_ratio(numerator: list[float], denominator: list[float], level: float = 0.95) -> dict[str, float]:
+    """Median of the per-repetition ratios ``numerator[r] / denominator[r]`` (the two candidates timed in
+    the same repetition of ``interleaved``) with a distribution-free interval for that median.
+
+    The interval is ``[r_(k), r_(n+1-k)]`` of the sorted ratios, the widest order statistics whose
+    binomial coverage ``1 - 2 P(Bin(n, 1/2) < k)`` is at least ``level`` (below 6 repetitions it is
+    the range, covering ``1 - 2^(1-n)``). Returns ``{"median", "low", "high", "coverage", "n"}``.
+    """
+    if len(numerator) != len(denominator) or not numerator:
+        raise ValueError(f"need paired samples of equal, nonzero length; got {len(numerator)} and {len(denominator)}")
+    ratios = sorted(a / b for a, b in zip(numerator, denominator))
+    n = len(ratios)
+    tail, k = 0.0, 0  # tail = P(Bin(n, 1/2) < k)
+    while k < n // 2 and 1 - 2 * (tail + math.comb(n, k) / 2**n) >= level:
+        tail += math.comb(n, k) / 2**n
+        k += 1
+    k = max(k, 1)
+    coverage = 1 - 2 * sum(math.comb(n, i) for i in range(k)) / 2**n
+    return {
+        "median": statistics.median(ratios),
+        "low": ratios[k - 1],
+        "high": ratios[n - k],
+        "coverage": coverage,
+        "n": n,
+    }
 
 
 def machine_info(device: torch.device) -> dict[str, object]:

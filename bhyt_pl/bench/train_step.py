@@ -1,4 +1,5 @@
-"""One full training step (forward, cross-entropy, backward, AdamW) of a whole model."""
+"""One full training step (forward, cross-entropy, backward, AdamW without weight decay, the norm scheme's
+post-step weight constraint) of a whole model."""
 
 from __future__ import annotations
 
@@ -24,9 +25,13 @@ def train_step(model: torch.nn.Module, batch: int, seq_len: int, vocab: int, hf:
         logits = model(input_ids=inputs).logits if hf else model(inputs)  # [B, T, V]
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
+    constrain = getattr(model, "constrain_weights", None)  # the norm scheme's post-step hook (nGPT), as in fit
+
     def step() -> None:
         forward_loss().backward()
         optimizer.step()
+        if constrain is not None:
+            constrain()
         optimizer.zero_grad(set_to_none=True)
 
     return step, forward_loss

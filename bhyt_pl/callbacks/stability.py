@@ -325,7 +325,7 @@ class StabilityMonitor(L.Callback):
             return
         u, _ = norms.pre_attn(x)  # the attention input, as the block computed it
         q, k = attn.qk(u, cos, sin)  # [B, H, T, hd], [B, K, T, hd]
-        entropy = causal_attention_entropy(q, k)  # [B, H, T]
+        entropy = causal_attention_entropy(q, k, attn.softmax_scale)  # [B, H, T], at the attention's actual scale
         self._metrics.add(f"attn_entropy/{layer}", entropy.sum(), entropy.numel())
         T = entropy.shape[-1]
         if T > 1:

@@ -17,6 +17,7 @@ from torch import nn
 from typing_extensions import override
 
 from bhyt_pl.callbacks.blocks import BlocksSpec, LocatedBlocks, locate_blocks
+from bhyt_pl.flops import training_flops
 
 __all__ = [
     "PEAK_FLOPS",
@@ -95,10 +96,10 @@ def batch_tokens(batch: Any) -> int:
 def estimated_training_flops_per_token(located: LocatedBlocks, seq_len: int) -> float:
     """Matmul FLOPs of one training token of any decoder, from its blocks (forward + backward = 3x forward).
 
-    The convention of ``bhyt_pl.module.training_flops_per_token``: forward is ``2 x`` the weights of every
-    matrix in the blocks and of the output projection (``get_output_embeddings()`` or ``lm_head``), plus
-    attention scores and values ``2 * 2 * L * H * hd * T`` (H * hd from the query projection, else the
-    hidden width). Embedding lookups, norms and element-wise work are not counted.
+    ``bhyt_pl.flops.training_flops`` with the weights of every matrix in the blocks and of the output
+    projection (``get_output_embeddings()`` or ``lm_head``) and, per block, the attention width ``H * hd``
+    from the query projection (else the hidden width). Embedding lookups, norms and element-wise work are
+    not counted.
     """
     matmul = sum(p.numel() for block in located for p in block.parameters() if p.ndim >= 2)
     owner = located.owner
@@ -106,14 +107,13 @@ def estimated_training_flops_per_token(located: LocatedBlocks, seq_len: int) -> 
     head = head if head is not None else getattr(owner, "lm_head", None)
     if isinstance(head, nn.Module):
         matmul += sum(p.numel() for p in head.parameters() if p.ndim >= 2)
-    attention = 0
+    width = 0
     for i, block in enumerate(located):
         qk = located.qk_projections(i)
-        width = (
+        width += (
             qk.q.out_features if qk is not None else next((p.shape[-1] for p in block.parameters() if p.ndim >= 2), 0)
         )
-        attention += 2 * 2 * width * seq_len
-    return 3.0 * (2.0 * matmul + attention)
+    return training_flops(matmul, width, seq_len)
 
 
 class _FlopsSource:

@@ -399,6 +399,11 @@ class C4DataModule(LightningDataModule):
         """The bundled corpus and tokenizer (what ``recipes/tiny.yaml`` trains on, offline)."""
         return cls(**{"data_files": EMBEDDED, "tokenizer": EMBEDDED, "seq_len": 256, **kwargs})
 
+    def run_facts(self) -> dict[str, Any]:
+        """What this data module tells the model about the run (``bhyt_pl.run_config.RunFactsSource``): the
+        training sequence length and the per-device batch size; a norm scheme binds those it declares."""
+        return {"seq_len": self.seq_len, "batch_size": self.batch_size}
+
     def prepare_data(self) -> None:
         load_tokenizer(self.tokenizer)  # fetch (and cache) a Hub tokenizer once, on rank 0
 

@@ -212,6 +212,11 @@ class LIMADataModule(LightningDataModule):
                 f"or pass a local JSON/JSONL copy with --data.data_files path/to/lima_train.jsonl"
             ) from err
 
+    def run_facts(self) -> dict[str, Any]:
+        """What this data module tells the model about the run (``bhyt_pl.run_config.RunFactsSource``): the
+        training sequence length and the per-device batch size; a norm scheme binds those it declares."""
+        return {"seq_len": self.max_seq_len, "batch_size": self.batch_size}
+
     def prepare_data(self) -> None:
         load_tokenizer(self.tokenizer)
         self._rows()  # downloads (Hub) or builds the Arrow cache (local) once, on rank 0

@@ -48,6 +48,18 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_GEN_TOKS = 256
 
 
+def _flag(name: str, value: bool | str) -> bool:
+    """A boolean model argument; lm-eval's ``--model_args`` may hand it over as text."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no"):
+        return False
+    raise ValueError(f"{name} must be true or false, got {value!r}")
+
+
 @register_model("bhyt_pl")
 class BHyTLM(TemplateLM):
     """lm-eval model for a bhyt_pl ``Llama`` of any norm scheme (registered as ``bhyt_pl``).
@@ -61,6 +73,9 @@ class BHyTLM(TemplateLM):
         chat_template: the ``ChatTemplate`` used when lm-eval applies a chat template
             (``--apply_chat_template``); the LIMA data module's default when None.
         name: model name reported by lm-eval (checkpoint path when built from one).
+        compile: decode generation tasks with ``Llama.generate(compile=True)`` (one compiled decode
+            step over a static cache; greedy outputs equal eager). Log-likelihoods stay eager: each is
+            one forward pass of a new shape. ``--model_args ...,compile=True``.
     """
 
     def __init__(
@@ -72,6 +87,7 @@ class BHyTLM(TemplateLM):
         max_length: int | None = None,
         chat_template: ChatTemplate | None = None,
         name: str = "bhyt_pl",
+        compile: bool | str = False,
     ) -> None:
         super().__init__()
         if not isinstance(model, Llama):
@@ -93,6 +109,7 @@ class BHyTLM(TemplateLM):
         self.max_length = int(max_length) if max_length is not None else limit
         self.template = chat_template or ChatTemplate()
         self.name = name
+        self.compile = _flag("compile", compile)
 
     # ----------------------------------------------------------------------------- construction
     @classmethod
@@ -118,11 +135,11 @@ class BHyTLM(TemplateLM):
         tokenizer = tokenizer or loaded.tokenizer or EMBEDDED
         return cls(loaded.model, tokenizer, device=device, name=str(ckpt_path), **kwargs)
 
-    _ARGS = ("ckpt_path", "tokenizer", "device", "dtype", "batch_size", "max_length")
+    _ARGS = ("ckpt_path", "tokenizer", "device", "dtype", "batch_size", "max_length", "compile")
 
     @classmethod
     def create_from_arg_obj(cls, arg_dict: dict[str, Any], additional_config: dict[str, Any] | None = None) -> BHyTLM:
-        """``lm_eval --model bhyt_pl --model_args ckpt_path=...[,tokenizer=...,dtype=...,max_length=...]``."""
+        """``lm_eval --model bhyt_pl --model_args ckpt_path=...[,tokenizer=,dtype=,max_length=,compile=True]``."""
         args = {**{k: v for k, v in (additional_config or {}).items() if v is not None}, **dict(arg_dict)}
         args.pop("max_batch_size", None)  # no automatic batch sizing: batch_size is used as given
         unknown = sorted(set(args) - set(cls._ARGS))
@@ -222,7 +239,9 @@ class BHyTLM(TemplateLM):
             return any(s and s in text for s in until)
 
         prompt = torch.tensor([context], device=self.device)
-        out = self.model.generate(prompt, budget, temperature, eos_id=stop_ids, stop=reached_stop_string)
+        out = self.model.generate(
+            prompt, budget, temperature, eos_id=stop_ids, stop=reached_stop_string, compile=self.compile
+        )
         out = out[0, n0:].tolist()
         if out and out[-1] in stop_ids:  # a stop token ends the answer and is not part of it
             out = out[:-1]
@@ -260,4 +279,4 @@ class BHyTLM(TemplateLM):
 
     def get_model_info(self) -> dict[str, Any]:
         config = self.model.config
-        return {"model_name": self.name, "norm": config.norm, "max_length": self.max_length}
+        return {"model_name": self.name, "norm": config.norm, "max_length": self.max_length, "compile": self.compile}

@@ -1,14 +1,19 @@
 """Normalization schemes: an open registry of per-block norms (docs/method.md, sections 2-4).
 
 Importing this package registers the built-in schemes: ``rmsnorm``, ``layernorm``, ``dyt``,
-``bhyt``, ``bhyt_exact``, ``peri_ln``, ``lns``, ``derf``, ``dyisru``, ``seednorm``, ``post_ln`` and
-``mix_ln``. Add your own with ``@register_norm``.
+``bhyt``, ``bhyt_exact``, ``peri_ln``, ``lns``, ``derf``, ``dyisru``, ``seednorm``, ``post_ln``,
+``mix_ln``, ``reordered`` (OLMo 2), ``hybridnorm``, ``ssnorm``, ``gpas`` and ``ngpt``. Add your own
+with ``@register_norm``.
 """
 
 from bhyt_pl.norms.base import (
+    QK_NORMS,
+    AttentionNorms,
     BlockNorms,
     BoundedSite,
+    MLPScales,
     NormScheme,
+    Scale,
     build_norm_scheme,
     register_norm,
     registered_norms,
@@ -26,15 +31,22 @@ from bhyt_pl.norms.bhyt import (
 from bhyt_pl.norms.derf import Derf, DerfScheme
 from bhyt_pl.norms.dyisru import DyISRU, DyISRUScheme
 from bhyt_pl.norms.dyt import DyT, DyTScheme, EmbeddingScale
+from bhyt_pl.norms.gpas import GPASBlockNorms, GPASScheme
+from bhyt_pl.norms.hybridnorm import HybridNormScheme
 from bhyt_pl.norms.layernorm import LayerNorm, LayerNormScheme
 from bhyt_pl.norms.lns import LNSScheme
 from bhyt_pl.norms.mix_ln import MixLNScheme
+from bhyt_pl.norms.ngpt import L2Norm, NGPTBlockNorms, NGPTScheme
 from bhyt_pl.norms.peri_ln import PeriLNScheme
 from bhyt_pl.norms.post_ln import PostLNScheme
+from bhyt_pl.norms.reordered import ReorderedNormScheme
 from bhyt_pl.norms.rmsnorm import RMSNorm, RMSNormScheme
 from bhyt_pl.norms.seednorm import SeeDNorm, SeeDNormScheme
+from bhyt_pl.norms.ssnorm import SSNorm, SSNormScheme
 
 __all__ = [
+    "QK_NORMS",
+    "AttentionNorms",
     "BHyT",
     "BHyTBlockNorms",
     "BHyTExactScheme",
@@ -48,17 +60,28 @@ __all__ = [
     "DyT",
     "DyTScheme",
     "EmbeddingScale",
+    "GPASBlockNorms",
+    "GPASScheme",
+    "HybridNormScheme",
+    "L2Norm",
     "LNSScheme",
     "LayerNorm",
     "LayerNormScheme",
+    "MLPScales",
     "MixLNScheme",
+    "NGPTBlockNorms",
+    "NGPTScheme",
     "NormScheme",
     "PeriLNScheme",
     "PostLNScheme",
     "RMSNorm",
+    "ReorderedNormScheme",
     "RMSNormScheme",
     "SeeDNorm",
     "SeeDNormScheme",
+    "SSNorm",
+    "SSNormScheme",
+    "Scale",
     "SiteStats",
     "build_norm_scheme",
     "register_norm",

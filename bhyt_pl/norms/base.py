@@ -2,39 +2,49 @@
 
 A *scheme* (``NormScheme``) is plain configuration with typed constructor arguments; it builds
 modules for one model: a ``BlockNorms`` per layer (six sites: ``attn_in``, ``attn_out``,
-``attn_res``, ``mlp_in``, ``mlp_out``, ``mlp_res``), the final norm and the embedding norm. The block calls only
-``BlockNorms`` methods, so it never branches on a scheme's name, and statistics can flow from
-site A to site B of a block through the ``ctx`` value (BHyT's one reduction per block).
+``attn_res``, ``mlp_in``, ``mlp_out``, ``mlp_res``, and the two residual updates), the norms inside
+attention (``AttentionNorms``: q, k, v and the softmax scale), the final norm and the embedding norm.
+The model calls only these methods, so it never branches on a scheme's name, and statistics can flow
+from site A to site B of a block through the ``ctx`` value (BHyT's one reduction per block).
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 import torch
 from torch import nn
 
+from bhyt_pl.norms.rms import RMSNorm, second_moment
 from bhyt_pl.validation import raise_if_problems
 
 __all__ = [
-    "RUN_FACTS",
+    "QK_NORMS",
+    "AttentionNorms",
     "BlockNorms",
+    "MLPScales",
+    "Scale",
     "BoundedSite",
     "NormScheme",
     "build_norm_scheme",
     "check_norm_args",
     "registered_norms",
     "register_norm",
+    "scheme_class",
     "second_moment",
 ]
 
 _REGISTRY: dict[str, type[NormScheme]] = {}
 
-RUN_FACTS: tuple[str, ...] = ("seq_len",)
-"""Every fact about a run an entry point can bind into a scheme (``NormScheme.bind``):
-``seq_len``, the training sequence length ``T`` of the run that trains the model."""
+QK_NORMS: tuple[str, ...] = ("head", "full")
+"""Layouts of ``LlamaConfig.qk_norm``: ``head`` normalises each head's query and key over ``hd`` (one
+gain ``[hd]`` shared by the heads); ``full`` normalises the whole projected q and k before the head
+split (OLMo 2, gains ``[H * hd]`` and ``[K * hd]``). Both act before RoPE."""
 
 S = TypeVar("S", bound="type[NormScheme]")
 
@@ -59,11 +69,12 @@ def register_norm(name: str) -> Callable[[S], S]:
             raise ValueError(
                 f"norm name {name!r} is already registered to {existing.__module__}.{existing.__qualname__}"
             )
-        params = inspect.signature(cls.__init__).parameters
-        bad = [f for f in cls.run_facts if f not in RUN_FACTS or f not in params]
+        params = _constructor_parameters(cls)
+        bad = [f for f in cls.run_facts if f not in params or params[f].default is not None]
         if bad:
             raise TypeError(
-                f"@register_norm({name!r}): run_facts {bad} must be constructor arguments named among {RUN_FACTS}"
+                f"@register_norm({name!r}): run_facts {bad} must be constructor arguments that default to None "
+                "(unbound until a run binds them)"
             )
         cls.name = name
         _REGISTRY[name] = cls
@@ -77,18 +88,27 @@ def registered_norms() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def build_norm_scheme(norm: str | NormScheme, **kwargs: Any) -> NormScheme:
-    """Resolve a registry name (plus constructor kwargs) or pass a ready scheme through."""
+def scheme_class(norm: str | NormScheme) -> type[NormScheme]:
+    """The class a registry name (or a ready scheme) stands for, without building it: its class-level
+    declarations (``model_settings``, ``run_facts``) are read before a config exists."""
     if isinstance(norm, NormScheme):
-        if kwargs:
-            raise TypeError("build_norm_scheme: keyword arguments are only accepted with a registry name")
-        return norm
+        return type(norm)
     if not isinstance(norm, str):
         raise TypeError(f"norm must be a registry name (str) or a NormScheme, got {type(norm).__name__}")
     if norm not in _REGISTRY:
         raise ValueError(f"unknown norm {norm!r}; registered norms: {', '.join(registered_norms())}")
-    check_norm_args(_REGISTRY[norm], kwargs)
-    return _REGISTRY[norm](**kwargs)
+    return _REGISTRY[norm]
+
+
+def build_norm_scheme(norm: str | NormScheme, **kwargs: Any) -> NormScheme:
+    """Resolve a registry name (plus constructor kwargs) or pass a ready scheme through."""
+    cls = scheme_class(norm)
+    if isinstance(norm, NormScheme):
+        if kwargs:
+            raise TypeError("build_norm_scheme: keyword arguments are only accepted with a registry name")
+        return norm
+    check_norm_args(cls, kwargs)
+    return cls(**kwargs)
 
 
 def check_norm_args(scheme: type[NormScheme], kwargs: dict[str, Any]) -> None:
@@ -99,7 +119,7 @@ def check_norm_args(scheme: type[NormScheme], kwargs: dict[str, Any]) -> None:
     strings and their optionals, and the check must name the scheme's field the way a recipe spells it."""
     import typing
 
-    params = {n: p for n, p in inspect.signature(scheme.__init__).parameters.items() if n != "self"}
+    params = {n: p for n, p in _constructor_parameters(scheme).items() if n != "self"}
     if any(p.kind is p.VAR_KEYWORD for p in params.values()):
         return
     unknown = sorted(set(kwargs) - set(params))
@@ -119,6 +139,12 @@ def check_norm_args(scheme: type[NormScheme], kwargs: dict[str, Any]) -> None:
     ]
     if wrong:
         raise TypeError(f"norm {scheme.name!r} argument(s) of the wrong type: {'; '.join(wrong)}")
+
+
+@functools.cache
+def _constructor_parameters(cls: type) -> Mapping[str, inspect.Parameter]:
+    """A scheme class's constructor parameters, read once per class (the one place a signature is read)."""
+    return inspect.signature(cls.__init__).parameters
 
 
 def _matches(value: Any, hint: Any) -> bool:
@@ -148,21 +174,15 @@ def _type_name(hint: Any) -> str:
     return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
 
 
-def second_moment(x: torch.Tensor) -> torch.Tensor:
-    """Per-token uncentered second moment ``mean(x^2)`` over the last dim, at least float32. Shape [..., 1]."""
-    dtype = torch.promote_types(x.dtype, torch.float32)
-    return x.to(dtype).pow(2).mean(dim=-1, keepdim=True)
-
-
 class BlockNorms(nn.Module):
     """The norm sites of one transformer block.
 
     The block computes::
 
         u, ctx = norms.pre_attn(x)
-        h = norms.attn_residual(x + norms.post_attn(attn(u)))
+        h = norms.attn_residual(norms.attn_update(x, norms.post_attn(attn(u))))
         v = norms.pre_mlp(h, ctx)
-        y = norms.mlp_residual(h + norms.post_mlp(mlp(v)))
+        y = norms.mlp_residual(norms.mlp_update(h, norms.post_mlp(mlp(v))))
 
     Every site is a real submodule (``nn.Identity`` where a scheme has none), so hooks and
     state-dict keys have stable names such as ``layers.3.norms.attn_in``. ``attn_res`` and
@@ -197,6 +217,11 @@ class BlockNorms(nn.Module):
         """Applied to the attention output before the residual add (Peri-LN)."""
         return self.attn_out(a)
 
+    def attn_update(self, x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        """The residual update of the attention sublayer from the stream ``x`` and the branch output
+        ``a``: the plain add ``x + a`` unless a scheme moves the stream otherwise."""
+        return x + a
+
     def attn_residual(self, h: torch.Tensor) -> torch.Tensor:
         """Applied to the residual stream right after the attention add (Post-LN)."""
         return self.attn_res(h)
@@ -208,6 +233,10 @@ class BlockNorms(nn.Module):
     def post_mlp(self, m: torch.Tensor) -> torch.Tensor:
         """Applied to the MLP output before the residual add (Peri-LN)."""
         return self.mlp_out(m)
+
+    def mlp_update(self, h: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        """The residual update of the MLP sublayer (``h + m`` unless a scheme says otherwise)."""
+        return h + m
 
     def mlp_residual(self, y: torch.Tensor) -> torch.Tensor:
         """Applied to the residual stream right after the MLP add, i.e. the block output (Post-LN)."""
@@ -245,6 +274,61 @@ class BlockNorms(nn.Module):
                 site.reset_parameters()
 
 
+@dataclass(frozen=True)
+class Scale:
+    """A learnable per-channel multiplier a scheme adds to a projection or to the logits (nGPT's ``s_q``).
+
+    The owning module stores ``name`` (a ``[width]`` parameter initialised to ``init``) and multiplies by
+    ``stored * factor``: the stored value and its learning rate stay small while the effective scale is
+    ``init * factor`` at the start.
+    """
+
+    name: str
+    width: int
+    init: float
+    factor: float = 1.0
+
+
+@dataclass
+class MLPScales:
+    """Scales of the SwiGLU's two input projections: ``down((up(h) * s_up) * silu(gate(h) * s_gate))``."""
+
+    up: Scale | None = None
+    gate: Scale | None = None
+
+
+@dataclass
+class AttentionNorms:
+    """What a scheme puts inside one attention layer.
+
+    ``q``, ``k`` and ``v`` become the attention's ``q_norm``, ``k_norm`` and ``v_norm`` submodules
+    (``nn.Identity`` where there is none, so state-dict keys read ``attn.q_norm.weight``). With
+    ``layout="head"`` they act on each head's vector [..., hd] after the head split; with ``"full"`` on
+    the whole projection [..., H * hd] before it. Either way before RoPE. ``softmax_scale`` is the
+    attention's score scale; None keeps ``scaled_dot_product_attention``'s ``1/sqrt(hd)``.
+    """
+
+    q: nn.Module
+    k: nn.Module
+    v: nn.Module
+    layout: str = "head"
+    softmax_scale: float | None = None
+    q_scale: Scale | None = None
+    """Multiplies the normalised query projection [..., H * hd] before the head split (``layout="full"``)."""
+    k_scale: Scale | None = None
+    """Multiplies the normalised key projection [..., K * hd] before the head split (``layout="full"``)."""
+
+    def __post_init__(self) -> None:
+        if self.layout not in QK_NORMS:
+            raise ValueError(f"AttentionNorms.layout must be one of {', '.join(QK_NORMS)}; got {self.layout!r}")
+        if (self.q_scale or self.k_scale) and self.layout != "full":
+            raise ValueError("AttentionNorms: q_scale and k_scale act on the whole projection; they need layout='full'")
+
+    def scale(self, head_dim: int) -> float:
+        """The score scale the attention actually applies."""
+        return 1.0 / math.sqrt(head_dim) if self.softmax_scale is None else self.softmax_scale
+
+
 @runtime_checkable
 class BoundedSite(Protocol):
     """What a norm site built on a saturating nonlinearity (tanh, erf, ISRU) tells diagnostics.
@@ -267,7 +351,7 @@ class NormScheme:
     """Base class of a registered normalization scheme.
 
     Subclasses take their hyperparameters as typed constructor arguments, store each under an
-    attribute of the same name (so ``hparams()`` can rebuild them) and validate them in
+    attribute of the same name (so ``hparams()`` can rebuild them from the instance) and validate them in
     ``__init__`` through ``_raise_if``. They implement ``block_norms``, and override
     ``final_norm``/``embedding_norm`` where they differ from the defaults. Arguments that are facts
     about the training run (BHyT's ``seq_len``) are listed in ``run_facts``, default to ``None`` and
@@ -280,9 +364,11 @@ class NormScheme:
     weights train (BHyT's ``c``); training then adds the refresh callback automatically."""
     run_facts: ClassVar[tuple[str, ...]] = ()
     """Constructor arguments that are facts about the training run rather than choices (BHyT's
-    ``seq_len``, the ``T`` of its constant ``c``). Each one is ``None`` until bound; every entry point
-    (CLI, ``LlamaLM``, study, bench, scripts, fine-tuning) supplies them through ``bind`` and never
-    inspects constructor signatures (docs/method.md, section 9)."""
+    ``seq_len``, the ``T`` of its constant ``c``). Each one defaults to ``None`` until bound. Declaring a
+    fact here is all a scheme does: every entry point (CLI, ``LlamaLM``, fine-tuning, study, bench,
+    scripts) builds its config with ``bhyt_pl.run_config.build_run_config`` and passes every fact it knows
+    about its run (the data module's ``run_facts()``: ``seq_len``, ``batch_size``); the scheme takes the ones it
+    declares (docs/method.md, section 9). There is no central list of facts."""
 
     def block_norms(self, dim: int, layer_idx: int, n_layers: int) -> BlockNorms:
         """Build the norms of block ``layer_idx`` (0-based) of ``n_layers``, width ``dim``."""
@@ -290,13 +376,52 @@ class NormScheme:
 
     def final_norm(self, dim: int, n_layers: int) -> nn.Module:
         """The norm after the last block (RMSNorm unless a scheme says otherwise)."""
-        from bhyt_pl.norms.rmsnorm import RMSNorm
-
         return RMSNorm(dim, eps=1e-5)
 
     def embedding_norm(self, dim: int) -> nn.Module:
         """Applied to the token embeddings before the first block (identity by default)."""
         return nn.Identity()
+
+    model_settings: ClassVar[dict[str, Any]] = {}
+    """``LlamaConfig`` fields the scheme needs (nGPT: ``{"tie_embeddings": False}``): ``LlamaConfig.from_name``
+    applies them over the preset (below the caller's overrides) and a config that contradicts one is refused."""
+    training_defaults: ClassVar[dict[str, Any]] = {}
+    """Optimisation the scheme's recipe uses (nGPT: no weight decay, no warmup), by ``LlamaLM`` argument name;
+    ``fit``, ``study`` and ``bench`` apply them where the user sets nothing and say so in the log."""
+
+    def mlp_scales(self, dim: int, mlp_dim: int) -> MLPScales:
+        """Scales of the MLP's input projections (none by default: the plain SwiGLU)."""
+        return MLPScales()
+
+    def logit_scale(self, dim: int, vocab_size: int) -> Scale | None:
+        """A scale of the logits, applied by ``Llama.output`` and by the chunked loss alike (None by default)."""
+        return None
+
+    def constrain_weights(self, matrices: list[tuple[torch.Tensor, int]]) -> None:
+        """Project weights back onto the scheme's constraint set, in place, under ``torch.no_grad``.
+
+        ``matrices`` is every weight matrix of the model with the dimension that runs along the model width
+        ``d`` (``Llama.width_matrices``); the model calls this after initialisation, after loading weights and
+        after every optimizer step. A no-op by default. Weights may be FSDP2 ``DTensor`` shards: reductions
+        over a sharded dimension must go through DTensor ops (which reduce across ranks), not local tensors.
+        """
+
+    owns_attention_norms: ClassVar[bool] = False
+    """True when the scheme sets the q/k/v norms itself (``attention_norms`` ignores ``qk_norm``); the
+    config then refuses any ``qk_norm`` setting instead of silently dropping it."""
+
+    def attention_norms(
+        self, dim: int, n_heads: int, n_kv_heads: int, head_dim: int, qk_norm: str | None, qk_norm_eps: float
+    ) -> AttentionNorms:
+        """The norms inside one attention layer. By default ``LlamaConfig.qk_norm`` decides: none,
+        per-head RMSNorms (``"head"``, gains ``[hd]``) or OLMo 2's full-width ones (``"full"``)."""
+        if qk_norm is None:
+            return AttentionNorms(nn.Identity(), nn.Identity(), nn.Identity())
+        if qk_norm == "head":
+            q, k = RMSNorm(head_dim, qk_norm_eps), RMSNorm(head_dim, qk_norm_eps)
+        else:
+            q, k = RMSNorm(n_heads * head_dim, qk_norm_eps), RMSNorm(n_kv_heads * head_dim, qk_norm_eps)
+        return AttentionNorms(q, k, nn.Identity(), layout=qk_norm)
 
     def diagnostics(self, n_layers: int, blocks: Sequence[BlockNorms] = ()) -> dict[str, Any]:
         """The scheme's named model-level statistics for a model of ``n_layers`` whose block norms are
@@ -316,9 +441,6 @@ class NormScheme:
             >>> build_norm_scheme("rmsnorm").bind(seq_len=256)
             RMSNormScheme(eps=1e-05)
         """
-        unknown = sorted(set(facts) - set(RUN_FACTS))
-        if unknown:
-            raise TypeError(f"unknown run fact(s) {unknown}; run facts: {', '.join(RUN_FACTS)}")
         values = {k: facts[k] for k in self.run_facts if facts.get(k) is not None}
         if all(getattr(self, k) == v for k, v in values.items()):
             return self
@@ -341,7 +463,7 @@ class NormScheme:
 
     def hparams(self) -> dict[str, Any]:
         """Constructor arguments that rebuild this scheme: ``type(s)(**s.hparams())``."""
-        params = inspect.signature(type(self).__init__).parameters
+        params = _constructor_parameters(type(self))
         return {n: getattr(self, n) for n, p in params.items() if n != "self" and p.kind is p.POSITIONAL_OR_KEYWORD}
 
     def __repr__(self) -> str:

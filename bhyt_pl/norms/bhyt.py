@@ -1,6 +1,6 @@
 """BHyT, Bounded Hyperbolic Tanh (arXiv 2601.09719), and BHyT* with exact statistics.
 
-Spec sections 2-3. One site computes ``gamma * tanh(lambda * x / D(x))`` where the bound is
+docs/method.md, sections 2-3. One site computes ``gamma * tanh(lambda * x / D(x))`` where the bound is
 ``D = kappa * sqrt(m + eps)`` (``stat="rms"``, the released code) or
 ``D = kappa * sqrt(var + eps) + |mu|`` (``stat="meanstd"``, the paper's ideal form). By Chebyshev
 at least a fraction ``p`` of the coordinates satisfy ``|x_i| <= D``, so the tanh argument stays in
@@ -14,17 +14,21 @@ site B instead: the approximation assumes attention uniform over all ``T`` token
 the moment of ``h`` where the residual stream is still small (the first layers).
 
 Two implementations of a site compute the same function (``impl``): ``reference`` is the formula in
-plain autograd ops (it saves the tanh output for backward); ``fused`` is one autograd Function that
-saves only the site input and the per-token scale and recomputes the tanh in backward, with a
-rational tanh for float32 and narrower (``rational_tanh``, within 1e-6 relative of ``torch.tanh``;
-float64 keeps ``torch.tanh``). On CPU the fused path pays off under ``torch.compile`` (inductor turns
-it into one loop per pass); eager, the extra tanh of its backward costs more than it saves, so
-``auto`` picks ``fused`` while compiling and ``reference`` otherwise (measured by
-``python -m bhyt_pl bench``, docs/performance.md).
+plain autograd ops (it saves the tanh output for backward); ``fused`` (and ``auto``, the default)
+saves only the site input and per-token scalars and recomputes the tanh in backward:
+- eager, ``BHyTSiteFunction``: one autograd Function per site with the statistic inside (site A
+  returns its statistic for site B, whose gradient comes back into site A's backward), run over
+  cache-sized row blocks so that its intermediates are reused buffers, with ``rational_tanh``
+  computed in place (ATen's float32 tanh is about 100x a multiply on this CPU build; float64 keeps
+  ``torch.tanh``). Both pre-norm sites cost about 1.2x RMSNorm's eager Function, against 2.9x for
+  ``reference`` (docs/performance.md).
+- while ``torch.compile`` traces, ``_SiteFunction`` and ``_SecondMoment`` with the rational tanh,
+  which inductor turns into one vectorised loop per pass.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -34,7 +38,7 @@ from torch import nn
 
 from bhyt_pl.norms.base import BlockNorms, NormScheme, register_norm
 from bhyt_pl.norms.rmsnorm import IMPLS, RMSNorm
-from bhyt_pl.parallelize import full_tensor
+from bhyt_pl.tensors import full_tensor
 
 __all__ = [
     "IMPLS",
@@ -42,6 +46,7 @@ __all__ = [
     "BHyTBlockNorms",
     "BHyTExactScheme",
     "BHyTScheme",
+    "BHyTSiteFunction",
     "UNBOUND_SEQ_LEN",
     "SiteStats",
     "rational_tanh",
@@ -64,6 +69,10 @@ _TANH_P = (
 )
 _TANH_Q = (4.89352518554385e-03, 2.26843463243900e-03, 1.18534705686654e-04, 1.19825839466702e-06)
 TANH_CLAMP = 7.90531110763549805
+
+SAVE_TANH = False
+"""Whether the eager ``BHyTSiteFunction`` saves its tanh for backward (one more activation-sized
+tensor per site) instead of recomputing it from the saved input (docs/performance.md)."""
 
 UNBOUND_SEQ_LEN = 1024
 """``T`` of a ``bhyt`` scheme whose ``seq_len`` no run has bound: the paper's pretraining length."""
@@ -177,6 +186,163 @@ class _SecondMoment(torch.autograd.Function):
         return (grad * (2.0 / x.shape[-1]) * xf).to(x.dtype)
 
 
+SITE_BLOCK_ELEMENTS = 1 << 17
+"""Elements per row block of ``BHyTSiteFunction`` (512 KiB of float32): its temporaries stay in
+cache and are reused; only the output (forward) and the input gradient (backward) are full size."""
+
+
+def _tanh_(z: torch.Tensor, work: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """``tanh`` of ``z`` in place: ``torch.tanh`` for float64, else the rational form in place, with
+    three buffers of ``z``'s shape (ATen's float32 tanh costs about 100 multiplies on this CPU build)."""
+    if z.dtype == torch.float64:
+        return z.tanh_()
+    z2, p, q = work
+    coef = _coefficients(z.dtype, z.device)
+    z.clamp_(-TANH_CLAMP, TANH_CLAMP)
+    torch.mul(z, z, out=z2)
+    torch.mul(z2, _TANH_P[6], out=p).add_(_TANH_P[5])  # (a 0-d tensor as addcmul's factor is 60x slower)
+    for i in range(4, -1, -1):  # Horner in z^2, one pass per coefficient: p = a_i + p z^2
+        torch.addcmul(coef[i], p, z2, out=p)
+    torch.mul(z2, _TANH_Q[3], out=q).add_(_TANH_Q[2])
+    for i in (8, 7):
+        torch.addcmul(coef[i], q, z2, out=q)
+    return z.mul_(p).div_(q)
+
+
+@functools.cache
+def _coefficients(dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """``_TANH_P`` then ``_TANH_Q`` as 0-d tensors (the addend of ``addcmul`` is a tensor)."""
+    return tuple(torch.tensor(c, dtype=dtype, device=device) for c in _TANH_P + _TANH_Q)
+
+
+def _blocks(n: int, d: int, device: torch.device):
+    """Row ranges of at most ``SITE_BLOCK_ELEMENTS`` elements (at least one row) on CPU; one block elsewhere
+    (a GPU has no such cache to fit, and every block costs kernel launches)."""
+    rows = max(1, SITE_BLOCK_ELEMENTS // d) if device.type == "cpu" else max(n, 1)
+    return ((r, min(r + rows, n)) for r in range(0, n, rows)), min(rows, n)
+
+
+class BHyTSiteFunction(torch.autograd.Function):
+    """One eager BHyT site, ``y = gamma * tanh(lambda * x / D)``, with its statistic inside.
+
+    ``apply(x, mean, spread, lam, weight, eps, kappa, stat, save_tanh)``. With ``spread`` None the
+    site computes exact statistics of ``x`` (site A, BHyT*, the final norm) and returns them too,
+    ``(y, spread)`` for ``rms`` and ``(y, spread, mean)`` for ``meanstd``, so that a later site can use
+    them (site B) and send its gradient back here; given ``spread`` (and ``mean`` for ``meanstd``), it
+    returns ``y`` and gradients for the given statistics.
+
+    Saved: ``x`` in its own dtype, the per-token ``1/D`` and statistics, ``lambda`` and ``gamma``; the
+    tanh is recomputed in backward (``save_tanh`` saves it instead: one more activation-sized tensor,
+    measured slower here, docs/performance.md). Both directions run over row blocks of
+    ``SITE_BLOCK_ELEMENTS``, so every intermediate is a reused, cache-sized buffer and the tanh of float32
+    and bfloat16 is ``rational_tanh`` computed in place. Backward, with ``t = tanh(s x)``,
+    ``s = lambda / D``: ``gz = g gamma (1 - t^2)``, ``d gamma = sum_n g t``, ``gs = gz . x`` per
+    token, ``d lambda = sum_n gs / D``, then through ``1/D`` to the statistics and from them to ``x``.
+    """
+
+    @staticmethod
+    def forward(ctx, x, mean, spread, lam, weight, eps: float, kappa: float, stat: str, save_tanh: bool):
+        compute = torch.promote_types(x.dtype, torch.float32)
+        x = x.contiguous()
+        d = x.shape[-1]
+        x2 = x.view(-1, d)
+        exact = spread is None
+        if exact:
+            xf = x2.to(compute)
+            if stat == "rms":  # one read: ||x||^2 / d
+                spread = torch.linalg.vector_norm(xf, dim=-1, keepdim=True).square_().div_(d)
+            else:
+                spread, mean = torch.var_mean(xf, dim=-1, keepdim=True, correction=0)
+            spread = spread.view(*x.shape[:-1], 1)
+            mean = None if mean is None else mean.view(*x.shape[:-1], 1)
+        if stat == "rms":
+            inv = (spread.to(compute) + eps).rsqrt_().div_(kappa)  # 1 / D, [..., 1]
+        else:
+            inv = torch.sqrt(spread.to(compute) + eps).mul_(kappa).add_(mean.to(compute).abs()).reciprocal_()
+        scale = (inv * lam.to(compute)).view(-1, 1)
+        y = torch.empty_like(x)
+        y2 = y.view(-1, d)
+        t_all = torch.empty(x2.shape, dtype=compute, device=x.device) if save_tanh else None
+        blocks, rows = _blocks(x2.shape[0], d, x.device)
+        work = [torch.empty(rows, d, dtype=compute, device=x.device) for _ in range(4)]
+        w = weight.to(compute)
+        for r0, r1 in blocks:
+            z = work[0][: r1 - r0] if t_all is None else t_all[r0:r1]
+            t = _tanh_(torch.mul(x2[r0:r1], scale[r0:r1], out=z), [b[: r1 - r0] for b in work[1:]])
+            if y.dtype == compute and t_all is None:
+                torch.mul(t, w, out=y2[r0:r1])
+            else:
+                y2[r0:r1].copy_(torch.mul(t, w, out=work[1][: r1 - r0]))
+        ctx.exact, ctx.stat, ctx.kappa, ctx.eps = exact, stat, kappa, eps
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(x, inv, spread, mean if stat == "meanstd" else None, lam, weight, t_all)
+        if not exact:
+            return y
+        return (y, spread) if stat == "rms" else (y, spread, mean)
+
+    @staticmethod
+    def backward(ctx, grad, *stat_grads):
+        x, inv, spread, mean, lam, weight, t_all = ctx.saved_tensors
+        needs, exact, meanstd = ctx.needs_input_grad, ctx.exact, ctx.stat == "meanstd"
+        compute, d = inv.dtype, x.shape[-1]
+        x2 = x.view(-1, d)
+        n = x2.shape[0]
+        column = lambda v: None if v is None else v.reshape(-1, 1).to(compute)  # noqa: E731
+        inv2 = column(inv)
+        scale = inv2 * lam.to(compute)
+        # d y / d statistic per token, as a multiple of gs = d y / d s: through 1/D
+        if meanstd:  # 1/D = 1 / (kappa sqrt(v + eps) + |mu|)
+            f_spread = (scale * inv2).mul_(-0.5 * ctx.kappa).mul_(torch.rsqrt(column(spread) + ctx.eps))
+            f_mean = (scale * inv2).neg_().mul_(torch.sign(column(mean)))
+        else:  # 1/D = (m + eps)^-1/2 / kappa
+            f_spread, f_mean = (scale * -0.5).div_(column(spread) + ctx.eps), None
+        g_in = [column(g) for g in stat_grads] + [None, None]  # later sites' gradients into these statistics
+        if grad is None:  # only the statistics were used: no gradient to lambda or gamma (undefined, not 0)
+            grad = torch.zeros_like(x)
+            needs = (needs[0], needs[1], needs[2], False, False)
+        g2 = grad.contiguous().view(-1, d)
+        w = weight.to(compute)
+        gs = torch.empty(n, 1, dtype=compute, device=x.device)
+        gw = torch.zeros(d, dtype=compute, device=x.device) if needs[4] else None
+        gx = torch.empty_like(x) if needs[0] else None
+        blocks, rows = _blocks(n, d, x.device)
+        work = [torch.empty(rows, d, dtype=compute, device=x.device) for _ in range(7)]
+        for r0, r1 in blocks:
+            k = r1 - r0
+            z, z2, p, q, gz, xb, gb = (b[:k] for b in work)
+            xc = x2[r0:r1] if x.dtype == compute else xb.copy_(x2[r0:r1])
+            gc = g2[r0:r1] if g2.dtype == compute else gb.copy_(g2[r0:r1])
+            t = t_all[r0:r1] if t_all is not None else _tanh_(torch.mul(xc, scale[r0:r1], out=z), (z2, p, q))
+            if gw is not None:
+                gw.add_(torch.mul(gc, t, out=gz).sum(0))
+            torch.ops.aten.tanh_backward.grad_input(torch.mul(gc, w, out=gz), t, grad_input=gz)  # g gamma (1 - t^2)
+            gs_c = gs[r0:r1]
+            torch.linalg.vecdot(gz, xc, out=gs_c.view(-1))
+            if gx is None:
+                continue
+            out = gx.view(-1, d)[r0:r1] if gx.dtype == compute else gb
+            torch.mul(gz, scale[r0:r1], out=out)
+            if exact:  # m = |x|^2 / d (rms); v = |x|^2 / d - mu^2 and mu = sum x / d (meanstd)
+                a = gs_c * f_spread[r0:r1]
+                if g_in[0] is not None:
+                    a.add_(g_in[0][r0:r1])
+                out.addcmul_(xc, a.mul_(2.0 / d))
+                if meanstd:
+                    b = gs_c * f_mean[r0:r1]
+                    if g_in[1] is not None:
+                        b.add_(g_in[1][r0:r1])
+                    out.add_(b.div_(d).sub_(a * column(mean)[r0:r1]))
+            if out is gb:
+                gx.view(-1, d)[r0:r1].copy_(out)
+        g_lam = (gs * inv2).sum().reshape(lam.shape).to(lam.dtype) if needs[3] else None
+        gw = gw.to(weight.dtype) if gw is not None else None
+        if exact:
+            return gx, None, None, g_lam, gw, None, None, None, None
+        g_mean = (gs * f_mean).view(mean.shape).to(mean.dtype) if needs[1] and meanstd else None
+        g_spread = (gs * f_spread).view(spread.shape).to(spread.dtype) if needs[2] else None
+        return gx, g_mean, g_spread, g_lam, gw, None, None, None, None
+
+
 class BHyT(nn.Module):
     """One BHyT site: ``gamma * tanh(lambda * x / D)``.
 
@@ -187,7 +353,8 @@ class BHyT(nn.Module):
         eps: added to the second moment (or variance) inside the square root.
         learnable_lambda: a parameter if True, else a fixed buffer that never trains.
         stat: ``rms`` or ``meanstd`` (see module docstring).
-        impl: ``reference``, ``fused`` or ``auto`` (fused while compiling, see module docstring).
+        impl: ``reference`` (plain ops), ``fused`` or ``auto`` (the same: ``BHyTSiteFunction`` eager, the
+            traced Functions while compiling; see the module docstring).
     """
 
     def __init__(
@@ -220,10 +387,18 @@ class BHyT(nn.Module):
             self.lambda_.fill_(self.lambda_init)
 
     def fused(self) -> bool:
-        """Whether this call takes the fused path (``auto``: only while ``torch.compile`` traces)."""
-        if self.impl == "auto":
-            return torch.compiler.is_compiling()
-        return self.impl == "fused"
+        """Whether this call takes a fused path: ``fused`` and ``auto`` always, ``reference`` never."""
+        return self.impl != "reference"
+
+    def eager_function(self) -> bool:
+        """Whether this call runs ``BHyTSiteFunction`` (a fused path outside ``torch.compile``)."""
+        return self.fused() and not torch.compiler.is_compiling()
+
+    def _function(self, x: torch.Tensor, stats: SiteStats | None):
+        mean, spread = (None, None) if stats is None else stats
+        return BHyTSiteFunction.apply(
+            x, mean, spread, self.lambda_, self.weight, self.eps, self.kappa, self.stat, SAVE_TANH
+        )
 
     def statistics(self, x: torch.Tensor) -> SiteStats:
         """Exact per-token statistics of ``x`` over the hidden dim, at least float32."""
@@ -252,7 +427,22 @@ class BHyT(nn.Module):
         """``{"lambda": lambda}`` for diagnostics (the ``BoundedSite`` interface)."""
         return {"lambda": self.lambda_}
 
-    def forward(self, x: torch.Tensor, stats: SiteStats | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, stats: SiteStats | None = None, return_stats: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, SiteStats]:
+        """The site's output; with ``return_stats`` (exact statistics only) also ``statistics(x)``, the
+        statistic site B reuses, which the eager Function computes in the same pass."""
+        if return_stats:
+            if stats is not None:
+                raise ValueError("return_stats computes exact statistics; pass stats=None")
+            if self.eager_function():
+                out = self._function(x, None)
+                return out[0], SiteStats(out[2] if self.stat == "meanstd" else None, out[1])
+            stats = self.statistics(x)
+            return self.forward(x, stats), stats
+        if self.eager_function():
+            out = self._function(x, stats)
+            return out if stats is not None else out[0]
         if not self.fused():
             return (self.weight * torch.tanh(self.preactivation(x, stats))).to(x.dtype)
         if stats is None:
@@ -281,8 +471,7 @@ class BHyTBlockNorms(BlockNorms):
         self.register_buffer("c", torch.zeros((), dtype=torch.float32), persistent=False)
 
     def pre_attn(self, x: torch.Tensor) -> tuple[torch.Tensor, SiteStats]:
-        stats = self.attn_in.statistics(x)  # the block's one reduction (site A)
-        return self.attn_in(x, stats), stats
+        return self.attn_in(x, return_stats=True)  # the block's one reduction (site A), through the hooks
 
     def approximate_stats(self, stats: SiteStats) -> SiteStats:
         """Site B's statistic of ``h = x + Attn(u)`` from site A's: ``m + c * sg(lambda_A)^2 / kappa^2``."""
@@ -467,7 +656,8 @@ class BHyTScheme(_BHyTSchemeBase):
         seq_len: ``T`` in ``c = ||W_V W_O||_F^2 / (T d)``: the training sequence length, a run fact
             (``run_facts``) that every entry point binds with ``bind(seq_len=...)``; unbound (None), the
             model uses ``UNBOUND_SEQ_LEN`` = 1024, the paper's pretraining length.
-        impl: ``auto`` (fused path while compiling), ``reference`` or ``fused``; same function either way.
+        impl: ``auto`` (= ``fused``: ``BHyTSiteFunction`` eager, fused ops while compiling) or ``reference``
+            (plain ops); same function either way.
         exact_layers: layers whose site B uses exact statistics (a second reduction over ``h``, as
             ``bhyt_exact``) instead of the approximation: None (the released method), an int ``k`` for
             the first ``k`` layers, or a list of 0-based layer indices (stored as a sorted tuple).

@@ -83,7 +83,8 @@ DEFAULT_SCHEMES = (
 """``rmsnorm`` is the reference; DyT over an alpha grid (its width-dependent alpha is untuned here); BHyT
 at lambda_attn 2 (released default) and 1 (the paper's text); BHyT with exact statistics in the first 4
 layers (the approximation ablation); BHyT* (exact everywhere). Any other registered scheme (``derf``,
-``dyisru``, ``seednorm``, ``post_ln``, ``mix_ln``, your own) runs with ``--schemes``."""
+``dyisru``, ``seednorm``, ``post_ln``, ``mix_ln``, ``reordered``, ``hybridnorm``, ``ssnorm``, ``gpas``, your own)
+runs with ``--schemes``."""
 
 DEFAULT_ROLES = {
     "BHyT": "bhyt",
@@ -135,6 +136,11 @@ QUICK = Budget("deep-32x128", 8, 40, 64, 8, 4, (3e-3, 1e-2), 2, 10, extensions=0
 # lr 1e-2 trains and 1e-1 diverges for most schemes within 40 steps (docs/depth_study.md): the grids straddle it
 SWEEP = Budget("deep-32x128", None, 100, 64, 8, 2, (1e-2, 3e-2, 1e-1), 1, 0, depths=(8, 16, 32, 64))
 SWEEP_QUICK = Budget("deep-32x128", None, 40, 64, 4, 1, (1e-2, 1e-1, 1.0), 1, 0, depths=(4, 16))
+
+
+COMPILE_DEFAULT = True
+"""Study runs compile each block unless ``--no-compile``: a default run (180 steps) took 0.74x the eager run's
+wall time on 2 CPU cores, the first compile included (docs/performance.md, "Study run")."""
 
 
 class _Removed(argparse.Action):
@@ -204,8 +210,18 @@ def parser() -> argparse.ArgumentParser:
         + ")",
     )
     model.add_argument("--depths", type=int, nargs="+", default=None, help=f"sweep depths; default {SWEEP.depths}")
-    model.add_argument("--warmup-ratio", type=float, default=0.05, help="linear warmup fraction of the steps")
-    model.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay (matrices only)")
+    model.add_argument(
+        "--warmup-ratio",
+        type=float,
+        default=None,
+        help="linear warmup fraction of the steps; default the scheme's recipe (nGPT: none), else 0.05",
+    )
+    model.add_argument(
+        "--weight-decay",
+        type=float,
+        default=None,
+        help="AdamW weight decay (matrices only); default the scheme's recipe (nGPT: 0), else 0.1",
+    )
     model.add_argument("--grad-clip", type=float, default=1.0, help="gradient norm clip")
     model.add_argument(
         "--max-loss",
@@ -245,9 +261,16 @@ def parser() -> argparse.ArgumentParser:
     hw.add_argument(
         "--workers",
         type=int,
-        default=1,
-        help="runs in parallel, one process with one torch thread each (CPU: at most the physical cores, "
-        f"{os.cpu_count()} CPUs here); 1: runs one after another in this process",
+        default=default_workers(),
+        help="runs in parallel, one process with one torch thread each; default: the CPUs this process may use "
+        "(CPU: at most the physical cores); 1: runs one after another in this process",
+    )
+    hw.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=COMPILE_DEFAULT,
+        help="torch.compile each block of every run; --no-compile: eager, as study v2 ran (docs/performance.md, "
+        "'Study run': speed-up and how far the losses may differ)",
     )
     hw.add_argument("--threads", type=int, default=None, help="torch CPU threads with --workers 1 (default: torch's)")
     hw.add_argument("--progress-bar", action="store_true", help="show Lightning's progress bar")
@@ -256,6 +279,14 @@ def parser() -> argparse.ArgumentParser:
     for flag in REMOVED_FLAGS:
         p.add_argument(flag, action=_Removed, help=argparse.SUPPRESS)
     return p
+
+
+def default_workers() -> int:
+    """The CPUs this process may run on (its affinity, which containers and ``taskset`` narrow), one run each."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # no sched_getaffinity (macOS, Windows)
+        return max(1, os.cpu_count() or 1)
 
 
 def _literal(text: str) -> Any:
@@ -571,7 +602,9 @@ def main(argv: list[str] | None = None) -> int:
         importance=not (args.sweep or args.no_importance),
     )
     devices: int | str = int(args.devices) if str(args.devices).isdigit() else args.devices
-    settings = TrainerSettings(args.accelerator, devices, args.precision, progress_bar=args.progress_bar)
+    settings = TrainerSettings(
+        args.accelerator, devices, args.precision, progress_bar=args.progress_bar, compile=args.compile
+    )
     factory = partial(make_datamodule, args, budget)
     meta: dict[str, Any] = {
         "command": "python -m bhyt_pl study " + shlex.join(argv),
@@ -592,6 +625,7 @@ def main(argv: list[str] | None = None) -> int:
         "schemes": labels,
         "trajectory_every": base.trajectory_every,
         "workers": args.workers,
+        "compile": args.compile,
         "data": f"{args.data_files} (tokenizer {args.tokenizer})",
         "validation": f"{budget.val_batches} fixed batches of {budget.batch_size} x {budget.seq_len}: validation "
         "loss and depth statistics at every trajectory point",

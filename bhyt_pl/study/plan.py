@@ -26,8 +26,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from bhyt_pl.bench.variants import Variant, _split_options, parse_variant
 from bhyt_pl.study.runner import RunResult, RunSpec
+from bhyt_pl.variants import Variant, parse_variant, split_options
 
 __all__ = [
     "SELECTION_SEED",
@@ -61,7 +61,7 @@ class SchemeGroup:
 def parse_group(text: str) -> SchemeGroup:
     """``"dyt:alpha_attn=0.5|1.0,bias=True"`` -> a group with two candidates; each is built once to validate it."""
     name, _, rest = text.partition(":")
-    options = [item for item in _split_options(rest) if item]
+    options = [item for item in split_options(rest) if item]
     choices = []
     for item in options:
         key, eq, value = item.partition("=")

@@ -52,10 +52,13 @@ from bhyt_pl.callbacks import DepthStatsCollector
 from bhyt_pl.callbacks.layer_metrics import layer_key, layer_series, layer_width, split_layer_key
 from bhyt_pl.callbacks.stability import StabilityMonitor
 from bhyt_pl.module import LlamaLM
+from bhyt_pl.run_config import data_run_facts
 
 __all__ = [
+    "COMPILE_LOSS_TOLERANCE",
     "TRAJECTORY_STATS",
     "DivergenceMonitor",
+    "EagerLoggingSteps",
     "MemoryLogger",
     "RunResult",
     "RunSpec",
@@ -67,6 +70,13 @@ __all__ = [
     "run_dirname",
     "run_one",
 ]
+
+COMPILE_LOSS_TOLERANCE = 2e-3
+"""Largest absolute difference between a compiled and an eager run's training loss at any step, and their
+validation loss, over a short run (same seed, data and spec; 8 steps in tests/study/test_runner.py). Inductor's
+fused float32 kernels round differently, and training amplifies that step by step: over the default study's
+180 steps the two paths end like two nearby trajectories, not like two seeds (docs/performance.md, "Study
+run": validation losses 0.009 apart where seeds spread 0.04)."""
 
 TRAJECTORY_STATS = ("magnitude", "variance", "median_magnitude", "magnitude_top2_removed", "saturation")
 """Per-layer statistics kept at every trajectory point (``saturation``: mean over the tanh sites); each point
@@ -96,7 +106,9 @@ class RunSpec:
         candidate: the grid point of the group this run trains (its scheme label, e.g. ``dyt:alpha_attn=0.5``).
         seed_index: the study's seed index (0: the selection seed; ``seed = base seed + seed_index``).
         max_loss: divergence bound on the training loss (NaN/inf always diverges).
-        warmup_ratio, min_lr_ratio, weight_decay, grad_clip: optimisation settings as in ``recipes/tiny.yaml``.
+        warmup_ratio, min_lr_ratio, weight_decay, grad_clip: optimisation settings as in ``recipes/tiny.yaml``;
+            ``warmup_ratio`` and ``weight_decay`` None take the scheme's recipe (``NormScheme.training_defaults``,
+            nGPT: no warmup, no decay) or ``LlamaLM``'s defaults, as ``LlamaLM`` resolves and logs them.
         trajectory_every: depth statistics every this many steps (and at step 0); 0: init and end only.
         stability_every: StabilityMonitor's per-layer statistics every this many steps (0: off).
         spike_window: StabilityMonitor's spike window (spikes count after ``spike_window // 2`` steps).
@@ -116,9 +128,9 @@ class RunSpec:
     candidate: str = ""
     seed_index: int = 0
     max_loss: float = 12.0
-    warmup_ratio: float = 0.05
+    warmup_ratio: float | None = None
     min_lr_ratio: float = 0.1
-    weight_decay: float = 0.1
+    weight_decay: float | None = None
     grad_clip: float = 1.0
     trajectory_every: int = 0
     stability_every: int = 0
@@ -128,13 +140,19 @@ class RunSpec:
 
 @dataclass(frozen=True)
 class TrainerSettings:
-    """Hardware settings shared by every run (``L.Trainer`` arguments)."""
+    """How every run executes (``L.Trainer`` arguments and the compile switch): the same results either way.
+
+    Args:
+        compile: ``torch.compile`` each block (``LlamaLM(compile=True)``). Per-step losses stay within
+            ``COMPILE_LOSS_TOLERANCE`` of the eager run (docs/performance.md, "Study run").
+    """
 
     accelerator: str = "cpu"
     devices: int | str = 1
     precision: str = "32-true"
     log_every_n_steps: int = 10
     progress_bar: bool = False
+    compile: bool = False
 
 
 @dataclass
@@ -266,13 +284,15 @@ def _robust_hooks(model: nn.Module, norms: dict[str, list[torch.Tensor]], top2: 
 
 
 @torch.no_grad()
+@torch.compiler.set_stance("force_eager")  # hooks inside compiled blocks would break and recompile their graphs
 def depth_statistics(
     module: LlamaLM, batches: dict[str, torch.Tensor] | list[dict[str, torch.Tensor]]
 ) -> dict[str, float]:
     """``DepthStatsCollector`` statistics of ``module``'s Llama over ``batches`` (token-weighted means over all of
     them), in eval mode, plus the robust magnitudes ``median_magnitude`` (median over every token of every
     batch) and ``magnitude_top2_removed`` (module docstring), and ``val_loss``: the token-weighted next-token
-    cross-entropy of the same forward passes (as ``LlamaLM.validation_step``).
+    cross-entropy of the same forward passes (as ``LlamaLM.validation_step``). Compiled blocks run
+    eagerly here: the hooks see exactly what an eager run's do.
 
     Returns:
         ``{"magnitude/layer_00": value, "variance/layer_00": ..., ..., "val_loss": value}``.
@@ -370,6 +390,42 @@ class TrajectoryRecorder(L.Callback):
             self.points.append(trajectory_point(step, depth_statistics(pl_module, self.batches)))
 
 
+class EagerLoggingSteps(L.Callback):
+    """Runs StabilityMonitor's logging steps eagerly when the blocks are compiled: its block hooks (added on
+    those steps only) would otherwise make every compiled block recompile, each time, with graph breaks.
+
+    Args:
+        monitor: the StabilityMonitor whose ``should_log(step)`` picks the steps.
+    """
+
+    def __init__(self, monitor: StabilityMonitor) -> None:
+        self.monitor = monitor
+        self._eager = False
+
+    @override
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self.monitor.should_log(trainer.global_step + 1):
+            torch.compiler.set_stance("force_eager")
+            self._eager = True
+
+    @override
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._restore()
+
+    @override
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._restore()  # a fit that stops mid-step (an exception) leaves no stance behind
+
+    def _restore(self) -> None:
+        if self._eager:
+            torch.compiler.set_stance("default")
+            self._eager = False
+
+
 class MemoryLogger(Logger):
     """Keeps every logged metric in memory (``metrics[name] = [(step, value), ...]``): the study reads
     StabilityMonitor's columns from here instead of parsing CSV files."""
@@ -441,39 +497,63 @@ class _SkipBlock(nn.Module):
         return x
 
 
+class _CachedBlock(nn.Module):
+    """A block whose output on this batch is already known: returns it without recomputing."""
+
+    def __init__(self, output: torch.Tensor) -> None:
+        super().__init__()
+        self.output = output
+
+    def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return self.output
+
+
 @torch.no_grad()
-def _mean_loss(model: nn.Module, batches: list[dict[str, torch.Tensor]]) -> float:
-    """Token-weighted mean next-token cross-entropy (as ``LlamaLM.compute_loss``) over ``batches``."""
+def _loss_sum(model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[float, int]:
+    """Summed next-token cross-entropy (as ``LlamaLM.compute_loss``) over ``batch`` and the token count."""
     device = next(model.parameters()).device
-    total, count = 0.0, 0
-    for batch in batches:
-        labels = batch["labels"].to(device)
-        logits = model(batch["input_ids"].to(device))
-        total += float(
-            F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100, reduction="sum")
-        )
-        count += int((labels != -100).sum())
-    return total / max(count, 1)
+    labels = batch["labels"].to(device)
+    logits = model(batch["input_ids"].to(device))
+    total = float(F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100, reduction="sum"))
+    return total, int((labels != -100).sum())
 
 
 @torch.no_grad()
+@torch.compiler.set_stance("force_eager")  # blocks swapped in and out: no graphs to trace for one forward each
 def layer_importance(module: LlamaLM, batches: list[dict[str, torch.Tensor]]) -> tuple[float, list[float]]:
     """The full model's validation loss and, for every block ``i``, the loss with block ``i`` replaced by the
-    identity minus that loss (one block at a time, eval mode). Small values: the block does little."""
+    identity minus that loss (one block at a time, eval mode). Small values: the block does little.
+
+    Blocks before ``i`` see exactly the inputs of the full forward, so their outputs are taken from it
+    rather than recomputed: half the block evaluations of ``L`` full forwards, with the same numbers.
+    """
     model = module.model
     was_training = model.training
     model.eval()
+    blocks = list(model.layers)
+    n = len(blocks)
+    base_total, count, totals = 0.0, 0, [0.0] * n
     try:
-        base = _mean_loss(model, batches)
-        deltas = []
-        for i in range(len(model.layers)):
-            block = model.layers[i]
-            model.layers[i] = _SkipBlock()
+        for batch in batches:
+            outputs: list[torch.Tensor] = []
+            handles = [b.register_forward_hook(lambda m, a, out: outputs.append(out)) for b in blocks]
             try:
-                deltas.append(_mean_loss(model, batches) - base)
+                loss, tokens = _loss_sum(model, batch)
             finally:
-                model.layers[i] = block
-        return base, deltas
+                for handle in handles:
+                    handle.remove()
+            base_total, count = base_total + loss, count + tokens
+            for i in range(n):
+                for j in range(i):
+                    model.layers[j] = _CachedBlock(outputs[j])
+                model.layers[i] = _SkipBlock()
+                try:
+                    totals[i] += _loss_sum(model, batch)[0]
+                finally:
+                    for j in range(i + 1):
+                        model.layers[j] = blocks[j]
+        base = base_total / max(count, 1)
+        return base, [t / max(count, 1) - base for t in totals]
     finally:
         model.train(was_training)
 
@@ -512,6 +592,10 @@ def run_one(
     memory = MemoryLogger()
     started = time.perf_counter()
     try:
+        if settings.compile:
+            # each run traces its own graphs (compiled kernels come from the Inductor cache on disk): a run does not
+            # depend on what ran before it, and a worker's many schemes never reach dynamo's recompile limit
+            torch.compiler.reset()
         L.seed_everything(spec.seed, verbose=False)
         datamodule = datamodule_factory(spec.data_seed)
         module = LlamaLM(
@@ -519,12 +603,13 @@ def run_one(
             overrides=dict(spec.overrides),
             norm=spec.norm,
             norm_args=dict(spec.norm_args),
-            seq_len=datamodule.seq_len,
+            run_facts=data_run_facts(datamodule),
             tokenizer=datamodule.tokenizer,
             lr=spec.lr,
             min_lr_ratio=spec.min_lr_ratio,
             warmup_ratio=spec.warmup_ratio,
             weight_decay=spec.weight_decay,
+            compile=settings.compile,
         )
         module.configure_model()  # built now (fit keeps it): the initial statistics see the weights that train
         result.n_layers, result.dim = module.config.n_layers, module.config.dim
@@ -533,14 +618,13 @@ def run_one(
         points.append(trajectory_point(0, result.depth_init))
         callbacks: list[L.Callback] = [monitor] + ([recorder] if recorder is not None else [])
         if spec.stability_every > 0:
-            callbacks.append(
-                StabilityMonitor(
-                    every_n_steps=spec.stability_every,
-                    figures=False,
-                    spike_window=spec.spike_window,
-                    spike_min_history=max(2, spec.spike_window // 2),
-                )
+            stability = StabilityMonitor(
+                every_n_steps=spec.stability_every,
+                figures=False,
+                spike_window=spec.spike_window,
+                spike_min_history=max(2, spec.spike_window // 2),
             )
+            callbacks += [stability, EagerLoggingSteps(stability)] if settings.compile else [stability]
         logger = CSVLogger(out_dir / "runs", name=run_dirname(spec.label), version="logs")  # runs/<label>/logs/
         result.log_dir = str(Path(logger.log_dir).relative_to(out_dir))
         trainer = L.Trainer(
@@ -578,7 +662,8 @@ def run_one(
                 enable_model_summary=False,
             )
             loader = torch.utils.data.DataLoader(val_batches, batch_size=None)
-            metrics = validator.validate(module, dataloaders=loader, verbose=False)[0]
+            with torch.compiler.set_stance("force_eager"):  # a few forwards: not worth an inference graph
+                metrics = validator.validate(module, dataloaders=loader, verbose=False)[0]
             result.val_loss = float(metrics["val/loss"])
             result.val_perplexity = float(metrics["val/perplexity"])
             if spec.importance:

@@ -17,11 +17,13 @@ import pytest
 import torch
 
 from bhyt_pl.bench import gpu, main
-from bhyt_pl.bench.command import LITGPT, PEER
+from bhyt_pl.bench.command import LITGPT, PEER, _settings, parser, run
+from bhyt_pl.bench.decode import parse_size
 from bhyt_pl.bench.memory import measure_step_peak, saved_activation_bytes
 from bhyt_pl.bench.models import build_model, litgpt_available, litgpt_peer
-from bhyt_pl.bench.timing import interleaved
-from bhyt_pl.bench.variants import parse_variant
+from bhyt_pl.bench.report import ratio_markdown
+from bhyt_pl.bench.timing import interleaved, paired_ratio
+from bhyt_pl.variants import parse_variant
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +40,7 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str]:
                 "--schemes",
                 "bhyt",
                 "bhyt:impl=fused",
+                "bhyt:impl=reference",
                 "dyt",
                 "rmsnorm:impl=reference",
                 "--json",
@@ -52,7 +55,14 @@ def test_json_has_machine_settings_and_every_scheme(quick_run) -> None:
     results, _ = quick_run
     assert {"cpu", "torch_threads", "torch", "device"} <= set(results["machine"])
     settings = results["settings"]
-    assert settings["schemes"] == ["rmsnorm", "bhyt", "bhyt:impl=fused", "dyt", "rmsnorm:impl=reference"]
+    assert settings["schemes"] == [
+        "rmsnorm",
+        "bhyt",
+        "bhyt:impl=fused",
+        "bhyt:impl=reference",
+        "dyt",
+        "rmsnorm:impl=reference",
+    ]
     assert settings["repeats"] == 2 and settings["compile"] is False
     assert set(results["sites"]["d64"]["eager"]) == set(settings["schemes"])
     optional = {LITGPT} if litgpt_available() else set()  # an optional peer, timed when installed
@@ -92,7 +102,9 @@ def test_fused_sites_save_less_than_reference(quick_run) -> None:
     # the eager RMSNorm Function (the default) saves the input and rstd only, as BHyT's fused site does
     assert memory["rmsnorm"]["sites_d64_eager"] < memory["rmsnorm:impl=reference"]["sites_d64_eager"]
     assert memory["bhyt:impl=fused"]["sites_d64_eager"] <= memory["rmsnorm:impl=reference"]["sites_d64_eager"]
-    assert memory["bhyt:impl=fused"]["sites_d64_eager"] < memory["bhyt"]["sites_d64_eager"]
+    # the eager default is the fused path (BHyTSiteFunction): it saves what fused saves, less than the plain ops
+    assert memory["bhyt"]["sites_d64_eager"] == memory["bhyt:impl=fused"]["sites_d64_eager"]
+    assert memory["bhyt:impl=fused"]["sites_d64_eager"] < memory["bhyt:impl=reference"]["sites_d64_eager"]
 
 
 def test_sites_roofline_bytes_and_bandwidth(quick_run) -> None:
@@ -177,7 +189,9 @@ def test_gpu_script_dry_run(capsys: pytest.CaptureFixture[str]) -> None:
     assert settings["compile"] is True
 
 
-@pytest.mark.parametrize("scheme", ["post_ln", "mix_ln", "derf", "seednorm", "dyisru"])
+@pytest.mark.parametrize(
+    "scheme", ["post_ln", "mix_ln", "derf", "seednorm", "dyisru", "reordered", "hybridnorm", "ssnorm", "gpas", "ngpt"]
+)
 def test_site_step_runs_every_new_scheme(scheme: str) -> None:
     """The sites benchmark drives Post-LN's residual sites too (block 0 of 16: Mix-LN's first layer is Post-LN)."""
     from bhyt_pl.bench.sites import block_norms, site_step
@@ -190,6 +204,8 @@ def test_site_step_runs_every_new_scheme(scheme: str) -> None:
     assert u.shape == v.shape == y.shape == (8, 16)
     if scheme in ("post_ln", "mix_ln"):  # the block output is normalised: unit RMS per token
         torch.testing.assert_close(y.pow(2).mean(-1), torch.ones(8), atol=1e-4, rtol=1e-4)
+    if scheme == "hybridnorm":  # the MLP reads the normalised stream after the attention add, no norm of its own
+        torch.testing.assert_close(v.pow(2).mean(-1), torch.ones(8), atol=1e-4, rtol=1e-4)
     assert all(p.grad is None for p in norms.parameters())  # the step clears what it accumulated
 
 
@@ -242,3 +258,38 @@ def test_litgpt_peer_computes_our_logits() -> None:
     with torch.no_grad():
         torch.testing.assert_close(peer(idx), model(idx), atol=1e-5, rtol=1e-5)
     assert peer.lm_head.weight is peer.transformer.wte.weight
+
+
+def test_paired_ratio_is_the_median_of_per_repetition_ratios_with_order_statistic_bounds() -> None:
+    num = [2.0, 3.0, 5.0, 4.0, 6.0, 1.0, 9.0, 8.0, 7.0, 10.0, 11.0]  # ratios to 1.0: 1 .. 11
+    r = paired_ratio(num, [1.0] * 11)
+    # n = 11: P(Bin(11, 1/2) <= 1) = 12/2048, so [r_(2), r_(10)] covers 1 - 24/2048; [r_(3), r_(9)] only 0.935
+    assert (r["median"], r["low"], r["high"], r["n"]) == (6.0, 2.0, 10.0, 11)
+    assert r["coverage"] == pytest.approx(1 - 24 / 2048)
+    assert paired_ratio([1.0, 2.0], [2.0, 2.0])["median"] == pytest.approx(0.75)
+    with pytest.raises(ValueError, match="paired samples"):
+        paired_ratio([1.0], [1.0, 2.0])
+
+
+def test_prenorm_train_ratio_and_decode_parts(tmp_path) -> None:
+    """The three ratio parts at quick sizes, eager only: structure, ratios from the samples, the profile."""
+    args = ["--quick", "--no-compile", "--parts", "prenorm,train_ratio,decode", "--schemes", "rmsnorm", "bhyt"]
+    settings = _settings(parser().parse_args([*args, "--decode-sizes", "tiny:1", "--json", str(tmp_path / "r.json")]))
+    results = run(settings)
+    pre = results["prenorm"]["d64"]
+    assert set(pre["median_ms"]) == {"rmsnorm", "bhyt", "bhyt (save tanh)"}
+    s = pre["samples_s"]
+    expected = statistics.median(a / b for a, b in zip(s["bhyt"], s["rmsnorm"]))
+    assert pre["time_vs_rmsnorm"]["bhyt"]["median"] == pytest.approx(expected)
+    tr = results["train_ratio"]
+    assert set(tr["tokens_per_s"]) == {"eager/rmsnorm", "eager/bhyt"}
+    assert set(tr["ratios"]) == {"eager: bhyt / rmsnorm tokens/s"}
+    dec = results["decode"]["tiny:1"]
+    assert dec["overrides"] == {"n_layers": 1} and set(dec["median_ms"]) == {"eager/rmsnorm", PEER}
+    prof = dec["profile"]["eager/rmsnorm"]
+    assert prof["matmul_s"] > 0 and sum(prof[f"{k}_fraction"] for k in ("matmul", "attention", "other")) == (
+        pytest.approx(1.0)
+    )
+    assert "Whole generate call, tiny:1" in ratio_markdown(results)
+    with pytest.raises(ValueError, match="preset:n_layers"):
+        parse_size("small:two")

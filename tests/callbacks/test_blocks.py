@@ -12,7 +12,7 @@ from torch import nn
 from bhyt_pl import Llama, LlamaConfig, LlamaLM
 from bhyt_pl.callbacks import DepthStatsMonitor, StabilityMonitor, TokenThroughputMonitor, locate_blocks
 from bhyt_pl.callbacks.throughput import estimated_training_flops_per_token
-from bhyt_pl.module import training_flops_per_token
+from bhyt_pl.flops import training_flops_per_token
 
 transformers = pytest.importorskip("transformers")
 

@@ -22,12 +22,12 @@ from bhyt_pl.callbacks.stability import token_excess_kurtosis, token_max_over_me
 from bhyt_pl.module import LlamaLM
 
 
-def explicit_entropy(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+def explicit_entropy(q: torch.Tensor, k: torch.Tensor, scale: float | None = None) -> torch.Tensor:
     """-sum p log p of the causal softmax of scores computed in full, float64; q [B, H, T, hd], k [B, K, T, hd]."""
     q, k = q.double(), k.double()
     k = torch.stack([k[:, h // (q.shape[1] // k.shape[1])] for h in range(q.shape[1])], dim=1)
     T = q.shape[-2]
-    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    s = q @ k.transpose(-1, -2) * (1 / math.sqrt(q.shape[-1]) if scale is None else scale)
     s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
     p = torch.softmax(s, dim=-1)
     return -(p * torch.where(p > 0, p.log(), torch.zeros_like(p))).sum(-1)  # [B, H, T]
@@ -121,6 +121,31 @@ def reference_block_values(lm: LlamaLM, ids: torch.Tensor, labels: torch.Tensor)
         torch.autograd.grad(F.cross_entropy(model(ids).flatten(0, 1), labels.flatten()), site)[0].norm().item()
     ]
     return out
+
+
+def test_entropy_reads_the_attentions_softmax_scale() -> None:
+    """nGPT's softmax scale is sqrt(hd), not 1/sqrt(hd): the logged entropy of layer 0 is the explicit entropy
+    of its L2-normalised, scaled, rotated queries and keys at that scale (computed here from the formulas)."""
+    lm = LlamaLM(overrides=TINY_OVERRIDES, norm="ngpt", lr=1e-9)
+    lm.configure_model()
+    model = lm.model
+    ids = next(iter(TokenDataModule().train_dataloader()))["input_ids"]
+    attn, d = model.layers[0].attn, model.config.dim
+    with torch.no_grad():
+        u = model.embed.weight.double()[ids]  # nGPT: no embedding norm, no pre-norm
+        B, T, _ = u.shape
+        q = F.normalize(u @ attn.q_proj.weight.double().T, dim=-1) * attn.sq.double() * math.sqrt(d)
+        k = F.normalize(u @ attn.k_proj.weight.double().T, dim=-1) * attn.sk.double() * math.sqrt(d)
+        q = q.view(B, T, attn.n_head, -1).transpose(1, 2)
+        k = k.view(B, T, attn.n_kv_head, -1).transpose(1, 2)
+        theta = model.config.rope_theta
+        h = explicit_entropy(rope_ref(q, theta), rope_ref(k, theta), math.sqrt(attn.head_dim)).mean().item()
+        wrong = explicit_entropy(rope_ref(q, theta), rope_ref(k, theta)).mean().item()
+    assert abs(h - wrong) > 1e-2  # the scale matters here
+    logger = MemoryLogger()
+    trainer = quiet_trainer(callbacks=[StabilityMonitor(every_n_steps=100, figures=False)], logger=logger, max_steps=1)
+    trainer.fit(lm, datamodule=TokenDataModule())
+    assert logger.history[1]["stability/attn_entropy/layer_00"] == pytest.approx(h, rel=1e-4)
 
 
 def test_logged_statistics_equal_independent_references() -> None:

@@ -11,7 +11,8 @@ from lm_fixtures import TINY_OVERRIDES, TokenDataModule, quiet_trainer
 from test_depth_stats import MemoryLogger
 
 from bhyt_pl.callbacks import TokenThroughputMonitor, peak_flops_for
-from bhyt_pl.module import LlamaLM, training_flops_per_token
+from bhyt_pl.flops import training_flops_per_token
+from bhyt_pl.module import LlamaLM
 
 SECONDS_PER_BATCH = 0.25
 

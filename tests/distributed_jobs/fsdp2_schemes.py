@@ -1,4 +1,5 @@
-"""torchrun job (2 ranks, gloo, CPU): every registered norm scheme (plus Mix-LN with QK-norm) sharded
+"""torchrun job (2 ranks, gloo, CPU): every registered norm scheme (plus Mix-LN with per-head QK-norm, OLMo 2's
+reordered norm with full-width QK-norm and HybridNorm*) sharded
 with FSDP2 (fully_shard per block, then the root) trains three steps on a global batch split over the
 ranks, and must match the same model trained in one process on the whole batch: losses, and BHyT's
 refreshed constant c on every rank.
@@ -19,9 +20,13 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from bhyt_pl import Llama, LlamaConfig, parameter_groups, registered_norms
+from bhyt_pl.norms import build_norm_scheme
 
 QK_NORM = "mix_ln+qk_norm"
-SCHEMES = [*registered_norms(), QK_NORM]
+QK_FULL = "reordered+qk_full"
+STAR = "hybridnorm+star"
+SCHEMES = [*registered_norms(), QK_NORM, QK_FULL, STAR]
+NORM_ARGS = {"bhyt": {"seq_len": 16}, "mix_ln": {"alpha": 0.5}, STAR: {"star": True}}
 
 
 def train(model, batches, steps=3):
@@ -32,6 +37,7 @@ def train(model, batches, steps=3):
         opt.zero_grad()
         loss.backward()
         opt.step()
+        model.constrain_weights()  # what LlamaLM.optimizer_step does (nGPT: unit norms, columns across ranks)
         model.refresh_norm_constants()  # what NormConstantRefresh does every N steps
         losses.append(loss.detach())
     return torch.stack(losses)
@@ -45,7 +51,7 @@ def main(out_dir: str) -> None:
     batches = [torch.randint(0, 64, (4, 17), generator=g) for _ in range(3)]
     results = {}
     for label in SCHEMES:
-        norm = label.removesuffix("+qk_norm")
+        norm = label.split("+")[0]
         torch.manual_seed(1)
         config = LlamaConfig(
             vocab_size=64,
@@ -55,8 +61,9 @@ def main(out_dir: str) -> None:
             n_kv_heads=2,
             mlp_dim=48,
             norm=norm,
-            norm_args={"seq_len": 16} if norm == "bhyt" else {"alpha": 0.5} if norm == "mix_ln" else {},
-            qk_norm=label == QK_NORM,
+            norm_args=NORM_ARGS.get(label, NORM_ARGS.get(norm, {})),
+            qk_norm="head" if label == QK_NORM else "full" if label == QK_FULL else False,
+            **build_norm_scheme(norm).model_settings,  # nGPT: untied embeddings
         )
         single = Llama(config)
         sharded = copy.deepcopy(single)
@@ -69,6 +76,12 @@ def main(out_dir: str) -> None:
         dist.all_reduce(sharded_losses)  # mean of per-rank means = global mean (equal token counts)
         sharded_losses /= world
         c = torch.stack([layer.norms.c.detach().clone() for layer in sharded.layers]) if norm == "bhyt" else None
+        # nGPT: after the hook every gathered matrix has unit norm along d, columns of o_proj/down spanning ranks
+        unit = (
+            [float((w.full_tensor().norm(dim=dim) - 1).abs().max()) for w, dim in sharded.width_matrices()]
+            if norm == "ngpt"
+            else []
+        )
         gathered = [None] * world
         dist.all_gather_object(gathered, c)
         results[label] = {
@@ -76,6 +89,7 @@ def main(out_dir: str) -> None:
             "sharded_losses": sharded_losses,
             "single_c": torch.stack([layer.norms.c for layer in single.layers]) if norm == "bhyt" else None,
             "sharded_c": gathered if norm == "bhyt" else [],
+            "unit_norm_error": unit,
         }
     if rank == 0:
         torch.save(results, Path(out_dir) / "fsdp2_schemes.pt")

@@ -137,6 +137,30 @@ def test_generation_matches_kv_cache_generator_and_stops_at_until():
     assert free.startswith(short) and len(TOK.encode(short, add_special_tokens=False).ids) <= 3
 
 
+@pytest.mark.slow  # one inductor compile of the decode step: about 100 s on a loaded 2-core machine
+def test_compiled_generation_equals_eager():
+    """``compile=True`` decodes through ``Llama.generate(compile=True)``: the same greedy answers, stop
+    strings and budgets, with one compiled graph per cache-length bucket."""
+    torch._dynamo.reset()
+    model = small_model()
+    eager, compiled = BHyTLM(model, "embedded"), BHyTLM(model, "embedded", compile="true")
+    assert compiled.compile and not eager.compile and compiled.get_model_info()["compile"]
+    args = [
+        ("And God said, Let there be light", {"until": [], "max_gen_toks": 12}),
+        ("In the beginning", {"until": ["earth"], "max_gen_toks": 9}),
+        ("Blessed are the meek:", {"until": "\n\n", "max_gen_toks": 3}),
+    ]
+    expected = eager.generate_until(requests("generate_until", args), True)
+    calls = []
+    generate = model.generate
+    model.generate = lambda *a, **k: calls.append(k["compile"]) or generate(*a, **k)
+    try:
+        assert compiled.generate_until(requests("generate_until", args), True) == expected
+    finally:
+        del model.generate
+    assert calls == [True, True, True]
+
+
 def test_chat_template_matches_the_sft_data_module():
     turns = ["Who created the heaven?", "God created the heaven and the earth."]
     template = ChatTemplate()
@@ -159,7 +183,10 @@ def test_registered_for_lm_eval_model_args(small_checkpoint):
     lm = cls.create_from_arg_string(
         f"ckpt_path={small_checkpoint},max_length=32", {"batch_size": 2, "max_batch_size": None, "device": "cpu"}
     )
-    assert lm.max_length == 32 and lm.batch_size == 2 and lm.model.config.norm == "bhyt"
+    assert lm.max_length == 32 and lm.batch_size == 2 and lm.model.config.norm == "bhyt" and not lm.compile
+    assert cls.create_from_arg_string(f"ckpt_path={small_checkpoint},compile=True").compile
+    with pytest.raises(ValueError, match="compile must be true or false, got 'maybe'"):
+        cls.create_from_arg_string(f"ckpt_path={small_checkpoint},compile=maybe")
     with pytest.raises(ValueError, match="accept ckpt_path, tokenizer"):
         cls.create_from_arg_string(f"ckpt_path={small_checkpoint},pretrained=gpt2")
     with pytest.raises(ValueError, match="no ckpt_path"):

@@ -34,6 +34,15 @@ CASES = [
     ("post_ln", {}),
     ("mix_ln", {}),  # 3 layers: floor(0.25 * 3) = 0 Post-LN layers, all Pre-LN
     ("mix_ln", {"alpha": 0.5}),  # 1 Post-LN layer, then 2 Pre-LN
+    ("reordered", {}),
+    ("reordered", {"eps": 1e-3}),
+    ("hybridnorm", {}),
+    ("hybridnorm", {"star": True, "eps": 1e-3}),
+    ("ssnorm", {}),
+    ("ssnorm", {"eps": 1e-3}),
+    ("gpas", {}),
+    ("gpas", {"eps": 1e-3}),
+    ("ngpt", {}),
 ]
 
 
@@ -91,6 +100,49 @@ def test_qk_norm_matches_float64_formula(norm: str) -> None:
     with torch.no_grad():  # guard: the q/k gains reach the output, so the comparison above sees them
         attn.k_norm.weight.mul_(2.0)
         assert not torch.allclose(model(idx), ours)
+
+
+@pytest.mark.parametrize("norm", ["rmsnorm", "reordered", "gpas"])
+def test_full_qk_norm_matches_float64_formula(norm: str) -> None:
+    """``qk_norm: full`` (OLMo 2): one RMSNorm over the whole projected q [H*hd] and k [K*hd], before the
+    head split and RoPE."""
+    config = LlamaConfig.from_name(
+        "tiny", vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, mlp_dim=48, norm=norm, qk_norm="full"
+    )
+    model = _float64_model(config)
+    _perturb_norm_params(model)
+    attn = model.layers[0].attn
+    assert attn.q_norm.weight.shape == (32,) and attn.k_norm.weight.shape == (16,)  # H*hd, K*hd
+    idx = torch.randint(0, 64, (2, 11))
+    with torch.no_grad():
+        ours = model(idx)
+    torch.testing.assert_close(ours, model_ref(model, idx, norm, {}), rtol=1e-9, atol=1e-9)
+    with torch.no_grad():  # guard: the statistic spans the heads, so scaling key head 1 moves key head 0 too
+        k = attn.k_proj.weight.clone()
+        attn.k_proj.weight[8:].mul_(3.0)
+        u = torch.randn(1, 5, 32, dtype=torch.float64)
+        cos, sin = torch.ones(5, 8, dtype=torch.float64), torch.zeros(5, 8, dtype=torch.float64)
+        head0_scaled = attn.qk(u, cos, sin)[1][:, 0]
+        attn.k_proj.weight.copy_(k)
+        assert not torch.allclose(head0_scaled, attn.qk(u, cos, sin)[1][:, 0])
+
+
+def test_gpas_gate_scales_forward_but_not_the_stream_gradient() -> None:
+    """GPAS: after an add the forward value is ``(1 - SiLU(g)) z`` while dL/dz passes unchanged (stopgrad)."""
+    from bhyt_pl.norms import GPASBlockNorms, RMSNorm
+
+    norms = GPASBlockNorms(RMSNorm(4), RMSNorm(4)).double()
+    with torch.no_grad():
+        norms.gpas_gate.fill_(0.7)
+    z = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    out = norms.attn_residual(z)
+    silu = 0.7 / (1 + torch.exp(torch.tensor(-0.7, dtype=torch.float64)))
+    torch.testing.assert_close(out, (1 - silu) * z, rtol=1e-12, atol=1e-12)
+    out.sum().backward()
+    torch.testing.assert_close(z.grad, torch.ones_like(z))  # not (1 - silu): the scaled copy is detached
+    # the gate learns: d out / d g = -SiLU'(g) z
+    sig = torch.sigmoid(torch.tensor(0.7, dtype=torch.float64))
+    torch.testing.assert_close(norms.gpas_gate.grad, -(sig * (1 + 0.7 * (1 - sig))) * z.detach().sum().reshape(1))
 
 
 def test_seednorm_equals_rmsnorm_at_init() -> None:

@@ -10,7 +10,6 @@ from bhyt_pl.bench.memory import saved_activation_bytes
 from bhyt_pl.bench.tanh import dense_grid, max_relative_error
 from bhyt_pl.model import Block, rope_cos_sin
 from bhyt_pl.norms import BHyT, BHyTScheme, RMSNorm, build_norm_scheme
-from bhyt_pl.norms import bhyt as bhyt_module
 from bhyt_pl.norms.bhyt import rational_tanh
 
 
@@ -57,13 +56,14 @@ def _run(site: BHyT, x: torch.Tensor, g: torch.Tensor, with_stats: bool):
 
 @pytest.mark.parametrize("stat", ["rms", "meanstd"])
 @pytest.mark.parametrize("with_stats", [False, True])
-@pytest.mark.parametrize("rational", [False, True], ids=["eager-tanh", "rational-tanh"])
+@pytest.mark.parametrize("compiled_path", [False, True], ids=["eager-function", "compiled-path"])
 def test_fused_equals_reference_float32(
-    stat: str, with_stats: bool, rational: bool, monkeypatch: pytest.MonkeyPatch
+    stat: str, with_stats: bool, compiled_path: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if rational:  # the tanh the fused path uses while compiling, here without an inductor compile
-        monkeypatch.setattr(bhyt_module, "_site_tanh", rational_tanh)
     ref, fused = _pair(stat)
+    if compiled_path:  # the Functions and rational tanh the fused path traces while compiling, run eagerly
+        monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+        assert not fused.eager_function()
     x = torch.randn(3, 7, 48) * 4
     g = torch.randn(3, 7, 48)
     for a, b in zip(_run(ref, x, g, with_stats), _run(fused, x, g, with_stats)):
@@ -120,12 +120,15 @@ def test_fused_block_traces_fullgraph() -> None:
     torch.testing.assert_close(g, g_ref, rtol=1e-5, atol=1e-5)
 
 
-def test_auto_is_fused_only_while_compiling(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_runs_the_function_eager_and_the_fused_ops_while_compiling(monkeypatch: pytest.MonkeyPatch) -> None:
     site = BHyT(8, 1.0, 10.0, 1e-6)
-    assert site.impl == "auto" and not site.fused()
+    assert site.impl == "auto" and site.fused() and site.eager_function()
+    x = torch.randn(3, 8, requires_grad=True)
+    assert type(site(x).grad_fn).__name__ == "BHyTSiteFunctionBackward"
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    assert site.fused()
-    assert not BHyT(8, 1.0, 10.0, 1e-6, impl="reference").fused()
+    assert site.fused() and not site.eager_function()
+    reference = BHyT(8, 1.0, 10.0, 1e-6, impl="reference")
+    assert not reference.fused() and not reference.eager_function()
 
 
 def test_fused_saves_no_more_activations_than_rmsnorm() -> None:

@@ -16,18 +16,24 @@ BUILTIN = [
     "derf",
     "dyisru",
     "dyt",
+    "gpas",
+    "hybridnorm",
     "layernorm",
     "lns",
     "mix_ln",
+    "ngpt",
     "peri_ln",
     "post_ln",
+    "reordered",
     "rmsnorm",
     "seednorm",
+    "ssnorm",
 ]
 
 
 def test_builtin_names() -> None:
     assert set(BUILTIN) <= set(registered_norms())
+    assert len(BUILTIN) == 17
 
 
 def test_unknown_name_lists_registered() -> None:
@@ -56,6 +62,10 @@ def test_unknown_name_lists_registered() -> None:
         ("seednorm", {"eps": -1.0}, r"invalid 'seednorm' norm configuration:\n  - eps must be > 0"),
         ("post_ln", {"eps": 0.0}, r"invalid 'post_ln' norm configuration:\n  - eps must be > 0"),
         ("mix_ln", {"alpha": 1.5}, r"alpha must be in \[0, 1\], got 1.5"),
+        ("reordered", {"eps": 0.0}, r"invalid 'reordered' norm configuration:\n  - eps must be > 0"),
+        ("hybridnorm", {"eps": -1.0}, r"invalid 'hybridnorm' norm configuration:\n  - eps must be > 0"),
+        ("ssnorm", {"eps": 0.0}, r"invalid 'ssnorm' norm configuration:\n  - eps must be > 0"),
+        ("gpas", {"eps": 0.0}, r"invalid 'gpas' norm configuration:\n  - eps must be > 0"),
     ],
 )
 def test_bad_values_name_the_field(name: str, kwargs: dict, message: str) -> None:
@@ -140,8 +150,10 @@ def test_parameter_groups_never_decay_norm_parameters() -> None:
     for name in BUILTIN:
         model = Llama(LlamaConfig.from_name("tiny", n_layers=2, norm=name))
         decay, no_decay = parameter_groups(model, 0.1)
+        sites = {"norms", "final_norm", "emb_norm", "q_norm", "k_norm", "v_norm"}
+        scales = {"sq", "sk", "s_up", "s_gate", "s_z"}  # nGPT's, on attention, the MLP and the model
         norm_params = {
-            id(p) for n, p in model.named_parameters() if {"norms", "final_norm", "emb_norm"} & set(n.split("."))
+            id(p) for n, p in model.named_parameters() if sites & set(n.split(".")) or n.split(".")[-1] in scales
         }
         assert norm_params == {id(p) for p in no_decay["params"]}
         assert no_decay["weight_decay"] == 0.0 and decay["weight_decay"] == 0.1

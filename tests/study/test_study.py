@@ -19,7 +19,7 @@ from bhyt_pl.study.runner import DivergenceMonitor, log_slope
 
 # a tiny budget on top of --quick: 2 layers, a few steps of 2 x 32 tokens
 TINY = ["--quick", "--layers", "2", "--steps", "3", "--seq-len", "32", "--batch-size", "2", "--val-batches", "4"]
-TINY += ["--shuffle-buffer", "4"]
+TINY += ["--shuffle-buffer", "4", "--workers", "1", "--no-compile"]  # in this process: monkeypatched runs apply
 
 
 def _runs(out: Path) -> dict[str, dict]:
@@ -153,7 +153,7 @@ def test_a_failing_run_is_recorded_and_the_study_continues(tmp_path: Path, monke
 def test_quick_sweep_grid(tmp_path: Path) -> None:
     out = tmp_path / "sweep"
     argv = ["--sweep", "--quick", "--steps", "2", "--depths", "1", "2", "--lrs", "1e-3", "100", "--seq-len", "32"]
-    argv += ["--shuffle-buffer", "4"]
+    argv += ["--shuffle-buffer", "4", "--workers", "1", "--no-compile"]
     assert main([*argv, "--batch-size", "2", "--schemes", "rmsnorm", "--out", str(out)]) == 0
     runs = _runs(out)
     assert sorted(runs) == [

@@ -1,4 +1,4 @@
-"""What is benchmarked: a norm scheme plus constructor arguments, written ``name[:key=value,...]``.
+"""What the bench and the study run: a norm scheme plus constructor arguments, written ``name[:key=value,...]``.
 
 ``bhyt:impl=reference`` is the BHyT site in plain autograd ops; ``bhyt`` alone is the default
 (``impl=auto``). Values parse as Python literals where they can (``lambda_attn=1.0``), else strings;
@@ -13,7 +13,7 @@ from typing import Any
 
 from bhyt_pl.norms import build_norm_scheme, registered_norms
 
-__all__ = ["DEFAULT_VARIANTS", "Variant", "parse_variant"]
+__all__ = ["DEFAULT_VARIANTS", "Variant", "parse_variant", "split_options"]
 
 DEFAULT_VARIANTS = (
     "rmsnorm",
@@ -35,7 +35,7 @@ class Variant:
     norm_args: dict[str, Any] = field(default_factory=dict)
 
 
-def _split_options(text: str) -> list[str]:
+def split_options(text: str) -> list[str]:
     """Split ``key=value`` options at commas outside brackets, so a list value can hold commas."""
     items, depth, start = [], 0, 0
     for i, char in enumerate(text):
@@ -53,7 +53,7 @@ def parse_variant(text: str) -> Variant:
     if name not in registered_norms():
         raise ValueError(f"unknown scheme {name!r} in {text!r}; registered norms: {', '.join(registered_norms())}")
     args: dict[str, Any] = {}
-    for item in filter(None, _split_options(rest)):
+    for item in filter(None, split_options(rest)):
         key, eq, value = item.partition("=")
         if not eq:
             raise ValueError(f"scheme option {item!r} in {text!r} must be key=value, e.g. bhyt:impl=fused")

@@ -1,0 +1,114 @@
+"""A run's model configuration, built in one place (docs/method.md, section 9).
+
+``build_run_config`` takes the preset, the norm (a registry name or a scheme instance), its arguments,
+the ``LlamaConfig`` overrides and the facts the run knows about itself (``seq_len``, ``batch_size``, ...),
+and returns one validated ``LlamaConfig`` that holds its resolved norm scheme, bound to the facts that
+scheme declares (``NormScheme.run_facts``). The CLI, ``LlamaLM`` (fine-tuning included), the study, the
+bench and the GPU scripts all build their configs here, so a scheme that declares a new run fact needs no
+edit outside its own file: every entry point already passes every fact it has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
+
+from lightning.pytorch.utilities import rank_zero_warn
+
+from bhyt_pl.config import LlamaConfig
+from bhyt_pl.norms import NormScheme
+
+__all__ = ["RunFactsSource", "build_run_config", "data_run_facts"]
+
+
+@runtime_checkable
+class RunFactsSource(Protocol):
+    """What a data module tells the model about the run it feeds (``C4DataModule``, ``LIMADataModule``)."""
+
+    def run_facts(self) -> dict[str, Any]:
+        """Facts about the run by name: ``seq_len`` (the training sequence length), ``batch_size``, ..."""
+        ...
+
+
+def data_run_facts(data: Any) -> dict[str, Any]:
+    """The run facts a data module declares (``RunFactsSource``); none for a data module that declares none."""
+    return dict(data.run_facts()) if isinstance(data, RunFactsSource) else {}
+
+
+def build_run_config(
+    preset: str = "tiny",
+    norm: str | NormScheme = "rmsnorm",
+    norm_args: Mapping[str, Any] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    run_facts: Mapping[str, Any] | None = None,
+    *,
+    base: LlamaConfig | None = None,
+) -> LlamaConfig:
+    """The ``LlamaConfig`` of one run, its norm scheme resolved once and bound to the run's facts.
+
+    Args:
+        preset: model preset (``bhyt_pl.PRESETS``); ignored with ``base``.
+        norm: a registered norm name, or a ``NormScheme`` instance (then ``norm_args`` must be empty);
+            ignored with ``base``.
+        norm_args: constructor arguments of the norm; with ``base``, updates of the base config's norm
+            arguments (each must be an argument of its scheme).
+        overrides: ``LlamaConfig`` fields that replace the preset's (or the base config's).
+        run_facts: every fact this run knows about itself, e.g. ``{"seq_len": 256, "batch_size": 8}``;
+            the scheme takes those it declares and ignores the rest, ``None`` values included.
+        base: the config of a checkpoint this run starts from (fine-tuning); its facts are re-bound to
+            this run's (the released code sets BHyT's T from the current run every time it builds a model).
+
+    A fact the norm arguments set explicitly is kept, with a warning when it differs from the run's; a
+    declared fact the run does not know warns (the scheme falls back to its documented default). A
+    ``seq_len`` longer than the model's ``max_seq_len`` is an error.
+
+    Example:
+        >>> build_run_config("tiny", "bhyt", run_facts={"seq_len": 256, "batch_size": 8}).norm_args
+        {'seq_len': 256}
+        >>> build_run_config("tiny", "rmsnorm", run_facts={"seq_len": 256}).norm_args
+        {}
+    """
+    norm_args, overrides = dict(norm_args or {}), dict(overrides or {})
+    facts = {k: v for k, v in (run_facts or {}).items() if v is not None}
+    if base is None:
+        if isinstance(norm, NormScheme):
+            if norm_args:
+                raise ValueError("norm_args is only for a norm given by name; put them in the scheme's init_args")
+            name, args = norm.name, norm.hparams()
+        else:
+            name, args = norm, norm_args
+        config = LlamaConfig.from_name(preset, **{**overrides, "norm": name, "norm_args": args})
+        scheme = config.norm_scheme()
+        explicit = set(scheme.run_facts) - set(scheme.unbound_run_facts())  # set by the norm arguments
+    else:
+        accepted = set(base.norm_scheme().hparams())
+        unknown = sorted(set(norm_args) - accepted)
+        if unknown:
+            raise ValueError(
+                f"norm_args {unknown} are not arguments of the checkpoint's norm {base.norm!r}; "
+                f"it accepts: {', '.join(sorted(accepted))}"
+            )
+        config = LlamaConfig(**{**base.to_dict(), **overrides, "norm_args": {**base.norm_args, **norm_args}})
+        explicit = set(norm_args) & set(config.norm_scheme().run_facts)
+    seq_len = facts.get("seq_len")
+    if seq_len is not None and seq_len > config.max_seq_len:
+        raise ValueError(
+            f"seq_len={seq_len} exceeds the model's max_seq_len={config.max_seq_len}; "
+            "raise it with model.overrides: {max_seq_len: ...}"
+        )
+    for fact in sorted(explicit):
+        value = config.norm_args.get(fact)
+        if facts.get(fact) is not None and facts[fact] != value:
+            rank_zero_warn(
+                f"norm {config.norm!r}: {fact}={value} is set in the norm arguments and kept; "
+                f"this run's {fact} is {facts[fact]}"
+            )
+    config = config.bind(**{k: v for k, v in facts.items() if k not in explicit})
+    unbound = config.norm_scheme().unbound_run_facts()
+    if unbound:
+        rank_zero_warn(
+            f"norm {config.norm!r} needs the run fact(s) {unbound} but the run gave none: pass them as run facts "
+            f"(LlamaLM(run_facts={{{unbound[0]!r}: ...}}); the CLI takes them from the data module's run_facts()); "
+            "the scheme falls back to its default (docs/method.md, section 9)"
+        )
+    return config
