@@ -1,13 +1,13 @@
 """``python -m bhyt_pl study``: the depth study and the stability sweep (docs/depth_study.md).
 
-Depth study (default): every ``--schemes`` group, seeded ``--seeds`` times, with its learning rate (and
-grid options such as DyT's alpha) chosen on the first seed from the ``--lrs`` grid by validation loss
-(``bhyt_pl.study.plan``). Writes ``report.md`` (claims table with verdicts from seed-paired 95 %
-t-intervals, per-group table with mean, interval and min-max, LR sensitivity, layer importance,
-StabilityMonitor columns, robust depth statistics), figures (depth profile with a seed band,
-trajectories, LR sensitivity, layer importance, loss), ``results.json`` (every run of every seed) and
-one ``runs/<label>/`` folder per run. A killed study resumes: runs whose ``result.json`` matches their
-spec are read back instead of retrained.
+Depth study (default, protocol v3 of ``bhyt_pl.study.plan``): every ``--schemes`` group picks its
+candidate and learning rate on a selection seed (``--lrs``, extended past an edge up to ``--extensions``
+times), then trains ``--seeds`` evaluation seeds at that best rate and at each ``--matched-lrs`` rate.
+Writes ``report.md`` (claims from the ``bhyt_pl.study.claims`` table with per-claim and Holm-adjusted
+verdicts, claims over training, depth-wise growth, per-group tables, LR sensitivity, layer importance,
+StabilityMonitor columns), figures, ``results.json`` (every run, the design, every claim with its run labels)
+and one ``runs/<label>/`` folder per run. Runs are reused: a run whose ``result.json`` matches its spec
+(across invocations sharing ``--out``) is read back instead of retrained.
 
 Stability sweep (``--sweep``): schemes x ``--depths`` x ``--lrs`` x seeds; ``report.md`` with the grid.
 
@@ -41,11 +41,31 @@ import torch
 
 from bhyt_pl.config import PRESETS, LlamaConfig
 from bhyt_pl.study import report
-from bhyt_pl.study.plan import SchemeGroup, choose, parse_group, seed_specs, selection_specs, sweep_specs
+from bhyt_pl.study.plan import (
+    SchemeGroup,
+    Selection,
+    default_matched_lrs,
+    evaluation_specs,
+    parse_group,
+    select,
+    selection_specs,
+    sweep_specs,
+)
 from bhyt_pl.study.runner import RunResult, RunSpec, TrainerSettings, run_dirname, run_one
 from bhyt_pl.validation import raise_if_problems
 
-__all__ = ["DEFAULT_SCHEMES", "FULL", "QUICK", "REMOVED_FLAGS", "SWEEP", "SWEEP_QUICK", "Budget", "main", "parser"]
+__all__ = [
+    "DEFAULT_ROLES",
+    "DEFAULT_SCHEMES",
+    "FULL",
+    "QUICK",
+    "REMOVED_FLAGS",
+    "SWEEP",
+    "SWEEP_QUICK",
+    "Budget",
+    "main",
+    "parser",
+]
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +85,21 @@ at lambda_attn 2 (released default) and 1 (the paper's text); BHyT with exact st
 layers (the approximation ablation); BHyT* (exact everywhere). Any other registered scheme (``derf``,
 ``dyisru``, ``seednorm``, ``post_ln``, ``mix_ln``, ``reordered``, ``hybridnorm``, ``ssnorm``, ``gpas``, your own)
 runs with ``--schemes``."""
+
+DEFAULT_ROLES = {
+    "BHyT": "bhyt",
+    "BHyT lambda_attn 1": "bhyt:lambda_attn=1.0",
+    "BHyT exact 4 layers": "bhyt:exact_layers=4",
+    "BHyT*": "bhyt_exact",
+    "RMSNorm": "rmsnorm",
+    "LayerNorm": "layernorm",
+    "LNS": "lns",
+    "Peri-LN": "peri_ln",
+    "DyT": "dyt:alpha_attn=0.5|1.0|2.0",
+}
+"""The roles of the claims table (``bhyt_pl.study.claims``) and the default group each plays; ``--roles
+ROLE=GROUP`` remaps one (e.g. ``--roles DyT=dyt:alpha_attn=1.0``). A claim whose roles have no group is listed
+as not tested."""
 
 REMOVED_FLAGS = {
     "--seed": "--seeds N (N seeds: 42, 43, ...; each seeds the initialisation and the data order)",
@@ -88,15 +123,16 @@ class Budget:
     seeds: int
     trajectory_every: int
     depths: tuple[int, ...] = ()
+    extensions: int = 1
 
 
-# Sized on 2 CPU cores with --workers 2 (one thread each), from a 25-step timing run of the default model:
-# about 0.4 s of CPU per step of 8 x 64 tokens at 32 layers and 12 s per run for statistics, validation and
-# layer importance, so the default's 51 runs (33 selection runs: 8 schemes + 3 DyT alphas x 3 lrs; then
-# 2 more seeds of 9 schemes) take about 51 x 84 s / 2 = 36 min (+ contention of two workers). --quick: 40
-# runs of 8 layers, about 4 min.
+# Protocol v3 run counts with the default 9 groups (docs/depth_study.md): 33 selection runs (8 schemes + 3 DyT
+# alphas, x 3 lrs) + one extension per group whose best rate sits at a grid edge (at most 9) + 3 evaluation
+# seeds x (best rate + 2 matched rates, coinciding where the best rate is a matched one): 33 + <=9 + 27..81;
+# with v2's choices (7 groups at an edge, 4 of them at a matched rate) about 33 + 7 + 27 + 54 - 12 = 109 runs.
+# --quick: 8 layers, 40 steps, 2 lrs (both matched), 2 evaluation seeds, no extension: 22 + 36 = 58 short runs.
 FULL = Budget("deep-32x128", None, 180, 64, 8, 4, (1e-3, 3e-3, 1e-2), 3, 20)
-QUICK = Budget("deep-32x128", 8, 60, 64, 8, 2, (3e-3, 1e-2), 3, 10)
+QUICK = Budget("deep-32x128", 8, 40, 64, 8, 4, (3e-3, 1e-2), 2, 10, extensions=0)
 # lr 1e-2 trains and 1e-1 diverges for most schemes within 40 steps (docs/depth_study.md): the grids straddle it
 SWEEP = Budget("deep-32x128", None, 100, 64, 8, 2, (1e-2, 3e-2, 1e-1), 1, 0, depths=(8, 16, 32, 64))
 SWEEP_QUICK = Budget("deep-32x128", None, 40, 64, 4, 1, (1e-2, 1e-1, 1.0), 1, 0, depths=(4, 16))
@@ -146,7 +182,32 @@ def parser() -> argparse.ArgumentParser:
         "--seeds",
         type=int,
         default=None,
-        help=f"seeds per scheme (init and data order); default {FULL.seeds} (--sweep: {SWEEP.seeds})",
+        help=f"evaluation seeds per scheme and rate (init and data order; the selection seed is another one); "
+        f"default {FULL.seeds} (--quick: {QUICK.seeds}; --sweep: seeds per grid cell, {SWEEP.seeds})",
+    )
+    model.add_argument(
+        "--extensions",
+        type=int,
+        default=None,
+        help=f"grid steps a group may add past an edge of --lrs where its best rate sits; default {FULL.extensions} "
+        f"(--quick: {QUICK.extensions})",
+    )
+    model.add_argument(
+        "--matched-lrs",
+        type=float,
+        nargs="+",
+        default=None,
+        help="rates every group trains at with the evaluation seeds (depth claims); default: the two highest --lrs "
+        "rates at which every group trained on the selection seed",
+    )
+    model.add_argument(
+        "--roles",
+        nargs="*",
+        default=[],
+        metavar="ROLE=GROUP",
+        help="map a claim role to a --schemes group (defaults: "
+        + ", ".join(f"{k}={v}" for k, v in DEFAULT_ROLES.items())
+        + ")",
     )
     model.add_argument("--depths", type=int, nargs="+", default=None, help=f"sweep depths; default {SWEEP.depths}")
     model.add_argument(
@@ -185,7 +246,12 @@ def parser() -> argparse.ArgumentParser:
     data.add_argument("--tokenizer", default="embedded", help="'embedded', a tokenizer.json path or a Hub name")
     data.add_argument("--seq-len", type=int, default=None, help=f"training sequence length; default {FULL.seq_len}")
     data.add_argument("--batch-size", type=int, default=None, help=f"sequences per step; default {FULL.batch_size}")
-    data.add_argument("--val-batches", type=int, default=None, help="fixed validation batches (the first: depth stats)")
+    data.add_argument(
+        "--val-batches",
+        type=int,
+        default=None,
+        help=f"fixed validation batches: validation loss and depth statistics (at least 4); default {FULL.val_batches}",
+    )
     data.add_argument("--shuffle-buffer", type=int, default=1000, help="documents in the streaming shuffle buffer")
     data.add_argument("--num-workers", type=int, default=0, help="DataLoader workers")
     hw = p.add_argument_group("hardware (L.Trainer)")
@@ -258,11 +324,21 @@ def resolve(args: argparse.Namespace) -> tuple[Budget, dict[str, Any]]:
         seeds=pick("seeds", args.seeds),
         trajectory_every=pick("trajectory_every", args.trajectory_every),
         depths=tuple(args.depths) if args.depths else base.depths,
+        extensions=pick("extensions", args.extensions),
     )
     problems = []
     for name in ("steps", "seq_len", "batch_size", "val_batches", "seeds"):
         if getattr(budget, name) < 1:
             problems.append(f"--{name.replace('_', '-')} must be >= 1, got {getattr(budget, name)}")
+    if not args.sweep and budget.val_batches < 4:
+        problems.append(f"--val-batches must be >= 4 (depth statistics need 4 batches), got {budget.val_batches}")
+    if budget.extensions < 0:
+        problems.append(f"--extensions must be >= 0, got {budget.extensions}")
+    if args.matched_lrs is not None and any(not lr > 0 for lr in args.matched_lrs):
+        problems.append(f"--matched-lrs must be > 0, got {args.matched_lrs}")
+    for item in args.roles:
+        if "=" not in item:
+            problems.append(f"--roles {item!r} must be ROLE=GROUP, e.g. --roles DyT=dyt:alpha_attn=1.0")
     if budget.trajectory_every < 0:
         problems.append(f"--trajectory-every must be >= 0, got {budget.trajectory_every}")
     if args.workers < 1:
@@ -367,9 +443,11 @@ class Scheduler:
         self.executor, self.run, self.out, self.resume = executor, run, out, resume
         self.pending: dict[Future, RunSpec] = {}
         self.reused: list[str] = []
+        self.submitted = 0  # runs handed to this scheduler so far, reused ones included
 
     def submit(self, specs: Iterable[RunSpec]) -> None:
         for spec in specs:
+            self.submitted += 1
             stored = finished_result(self.out, spec) if self.resume else None
             if stored is not None:
                 self.reused.append(spec.label)
@@ -393,15 +471,27 @@ class Scheduler:
                 yield result
 
 
-def progress_line(done: int, total: int, elapsed: float, reused: int = 0) -> str:
+def progress_line(done: int, total: int, elapsed: float, reused: int = 0, final: bool = True) -> str:
     """``run k of N`` and the time left, from this invocation's pace (runs reused from a previous one take
-    no time, so they are left out of the pace)."""
-    line = f"study: run {done} of {total} done"
+    no time, so they are left out of the pace). ``final=False`` while the protocol may still add runs (grid
+    extensions, the matched arm): ``N`` and the time left are then lower bounds and say so."""
+    line = f"study: run {done} of {'' if final else 'at least '}{total} done"
     fresh = done - reused
     if done < total and fresh > 0:
         left = elapsed / fresh * (total - done)
         line += f"; about {left / 60:.1f} min left" if left >= 60 else f"; about {left:.0f} s left"
+        line += "" if final else " (at least)"
     return line
+
+
+@dataclass
+class StudyDesign:
+    """What the protocol decided: each group's selection (kept candidate, rate, budget, edge flag) and the
+    matched rates (``matched_note`` says how they were set)."""
+
+    selections: dict[str, Selection]
+    matched_lrs: tuple[float, ...] = ()
+    matched_note: str = ""
 
 
 def run_depth_study(
@@ -411,31 +501,63 @@ def run_depth_study(
     base: RunSpec,
     scheduler: Scheduler,
     on_result: Callable[[RunResult], None] = lambda r: None,
-) -> tuple[list[RunResult], dict[str, str]]:
-    """The protocol of ``bhyt_pl.study.plan``: selection runs on the first seed, then each group's remaining
-    seeds as soon as its selection is complete. Returns every result and each group's chosen run label."""
-    first = {g.label: selection_specs(g, lrs, base) for g in groups}
-    waiting = {g.label: {s.label for s in first[g.label]} for g in groups}
+    extensions: int = 1,
+    matched_lrs: Sequence[float] | None = None,
+    design: StudyDesign | None = None,
+) -> tuple[list[RunResult], StudyDesign]:
+    """Protocol v3 (``bhyt_pl.study.plan``): selection runs on the selection seed, a group's extension runs as
+    soon as its selection finds its best rate at an edge, its best-rate evaluation seeds as soon as its
+    selection is complete, and the matched arm once every group's is (runs of both arms train once)."""
+    by_group = {g.label: g for g in groups}
+    pending: dict[str, set[str]] = {}
+    selection_runs: dict[str, list[RunResult]] = {g.label: [] for g in groups}
+    design = StudyDesign({}) if design is None else design  # filled in place: reports written meanwhile see it
     by_label: dict[str, RunResult] = {}
-    chosen: dict[str, str] = {}
+    submitted: set[str] = set()
+
+    def submit(specs: Sequence[RunSpec]) -> list[RunSpec]:
+        fresh = [s for s in specs if s.label not in submitted]
+        submitted.update(s.label for s in fresh)
+        scheduler.submit(fresh)
+        return fresh
+
     for g in groups:
-        scheduler.submit(first[g.label])
+        pending[g.label] = {s.label for s in submit(selection_specs(g, lrs, base))}
     for result in scheduler.finished():
         by_label[result.spec.label] = result
         on_result(result)
         group = result.spec.group
-        if result.spec.label in waiting.get(group, ()):
-            waiting[group].discard(result.spec.label)
-            if not waiting[group]:
-                winner = choose([by_label[s.label] for s in first[group]])
-                chosen[group] = winner.spec.label
-                scheduler.submit(seed_specs(next(g for g in groups if g.label == group), winner, n_seeds, base))
-    order = {s.label: i for i, s in enumerate(s for specs in first.values() for s in specs)}
+        if result.spec.label not in pending.get(group, ()):
+            continue
+        selection_runs[group].append(result)
+        pending[group].discard(result.spec.label)
+        if pending[group]:
+            continue
+        step = select(by_group[group], selection_runs[group], lrs, extensions, base)
+        if isinstance(step, RunSpec):  # the best rate sits at an edge: one more grid step for its candidate
+            pending[group] = {s.label for s in submit([step])}
+            continue
+        design.selections[group] = step
+        submit(evaluation_specs(by_group[group], step, (), n_seeds, base))
+        if len(design.selections) == len(groups):  # every group selected: the matched arm
+            ordered = [design.selections[g.label] for g in groups]
+            if matched_lrs is not None:
+                design.matched_lrs = tuple(sorted(matched_lrs))
+                design.matched_note = "given with --matched-lrs"
+            else:
+                design.matched_lrs = default_matched_lrs(ordered, lrs)
+                design.matched_note = (
+                    "the two highest --lrs rates at which every group's kept candidate trained on the selection seed"
+                    + ("" if len(design.matched_lrs) == 2 else f" (only {len(design.matched_lrs)} qualified)")
+                )
+            for g in groups:
+                submit(evaluation_specs(g, design.selections[g.label], design.matched_lrs, n_seeds, base))
     group_order = {g.label: i for i, g in enumerate(groups)}
     results = sorted(
-        by_label.values(), key=lambda r: (group_order[r.spec.group], r.spec.seed, order.get(r.spec.label, 0))
+        by_label.values(),
+        key=lambda r: (group_order[r.spec.group], r.spec.seed_index, r.spec.candidate, r.spec.lr),
     )
-    return results, chosen
+    return results, design
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -460,6 +582,16 @@ def main(argv: list[str] | None = None) -> int:
     if len(set(labels)) != len(labels):
         print(f"error: --schemes has duplicates: {labels}", file=sys.stderr)
         return 2
+    roles = dict(DEFAULT_ROLES)
+    for item in args.roles:
+        role, _, group = item.partition("=")
+        if role not in DEFAULT_ROLES or group not in labels:
+            print(
+                f"error: --roles {item!r}: ROLE must be one of {sorted(DEFAULT_ROLES)} and GROUP one of {labels}",
+                file=sys.stderr,
+            )
+            return 2
+        roles[role] = group
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     mode = "study" + ("-sweep" if args.sweep else "") + ("-quick" if args.quick else "")
@@ -502,13 +634,16 @@ def main(argv: list[str] | None = None) -> int:
         "tokens_per_run": budget.seq_len * budget.batch_size * budget.steps,
         "lrs": list(budget.lrs),
         "seeds": budget.seeds,
+        "selection_seed": "index 0 (seed 42); evaluation seeds: indices 1..N (seeds 43..42+N)",
+        "extensions": budget.extensions,
+        "roles": {k: v for k, v in roles.items() if v in labels},
         "schemes": labels,
         "trajectory_every": base.trajectory_every,
         "workers": args.workers,
         "compile": args.compile,
         "data": f"{args.data_files} (tokenizer {args.tokenizer})",
-        "validation": f"{budget.val_batches} fixed batches of {budget.batch_size} x {budget.seq_len}; depth "
-        "statistics on the first",
+        "validation": f"{budget.val_batches} fixed batches of {budget.batch_size} x {budget.seq_len}: validation "
+        "loss and depth statistics at every trajectory point",
         "unigram_loss": None,
         "max_loss": round(max_loss, 4),
         "loadavg_at_start": _loadavg(),
@@ -525,17 +660,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     scheduler = Scheduler(executor, run, out, resume=not args.restart)
     results: list[RunResult] = []
-    chosen: dict[str, str] = {}
-
-    if args.sweep:
-        planned = len(sweep_specs(groups, budget.depths, budget.lrs, budget.seeds, base))
-    else:
-        planned = sum(len(selection_specs(g, budget.lrs, base)) + budget.seeds - 1 for g in groups)
+    design = StudyDesign({})
 
     def record(result: RunResult) -> None:
         results.append(result)
         elapsed = time.perf_counter() - started
-        log.info(progress_line(len(results), planned, elapsed, len(scheduler.reused)))
+        # v3 plans as it goes (extensions, then the matched arm once every group is selected): the count is
+        # final for a sweep, and for the study once every group's selection is done
+        final = args.sweep or len(design.selections) == len(groups)
+        log.info(progress_line(len(results), scheduler.submitted, elapsed, len(scheduler.reused), final))
         log.info(
             "  %s: %s, train loss %.4f, val loss %.4f, %.0f s",
             result.spec.label,
@@ -546,7 +679,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         meta["wall_seconds"] = round(time.perf_counter() - started, 1)
         if rank_zero_only.rank == 0:  # tables after every run: an interrupted study keeps what it measured
-            report.write_report(out, results, meta, groups, chosen, args.sweep, figures=False)
+            report.write_report(out, results, meta, groups, design, args.sweep, figures=False)
 
     try:
         with executor:
@@ -558,15 +691,24 @@ def main(argv: list[str] | None = None) -> int:
                 order = {spec.label: i for i, spec in enumerate(specs)}
                 results.sort(key=lambda r: order[r.spec.label])
             else:
-                done, picked = run_depth_study(groups, budget.lrs, budget.seeds, base, scheduler, record)
-                chosen.update(picked)
+                done, _ = run_depth_study(
+                    groups,
+                    budget.lrs,
+                    budget.seeds,
+                    base,
+                    scheduler,
+                    record,
+                    extensions=budget.extensions,
+                    matched_lrs=args.matched_lrs,
+                    design=design,
+                )
                 results[:] = done
     finally:  # figures once, at the end or on an interrupt, for the runs that finished
         meta["wall_seconds"] = round(time.perf_counter() - started, 1)
         meta["runs_reused"] = len(scheduler.reused)
         meta["loadavg_at_end"] = _loadavg()
         if rank_zero_only.rank == 0 and results:
-            paths = report.write_report(out, results, meta, groups, chosen, args.sweep)
+            paths = report.write_report(out, results, meta, groups, design, args.sweep)
             log.info("study finished in %.0f s; report: %s", meta["wall_seconds"], paths["report"])
     return 1 if any(r.status == "error" for r in results) else 0
 

@@ -5,12 +5,18 @@ A ``--schemes`` entry is ``name[:key=value,...]``; a value written ``v1|v2|...``
 option (several grid options: every combination), e.g. ``dyt:alpha_attn=0.5|1.0|2.0``. Every grid
 point is a candidate; the protocol picks one per group.
 
-Depth study protocol (the paper's: each method's best learning rate from a shared grid, sized down):
+Depth study protocol v3 (docs/depth_study.md): selection and evaluation use different seeds.
 
-1. on the first seed, every candidate of every group trains at every learning rate of ``--lrs``;
-2. each group keeps the (candidate, learning rate) with the lowest validation loss (diverged or failed
-   runs count as infinite loss; ties keep the earlier candidate and the lower learning rate);
-3. the remaining seeds train that choice; every statistic of the group is reported there.
+1. Selection, on the selection seed (index 0) only: every candidate of every group trains at every
+   learning rate of ``--lrs``; the group keeps the (candidate, learning rate) with the lowest validation
+   loss (diverged or failed runs: infinite; ties keep the earlier candidate and the lower rate).
+2. No best rate on the grid's edge: when the kept rate is the lowest (highest) its candidate tried, the
+   candidate trains one grid step (the grid's ratio at that end) further down (up), up to ``extensions``
+   times; a group still at an edge afterwards is flagged (``Selection.edge``).
+3. Evaluation, on seeds ``1 .. n_seeds`` (never the selection seed): the kept candidate at its best rate
+   (the "best" arm) and at every matched rate (the "matched" arm; default: the two highest ``--lrs``
+   rates at which every group's kept candidate trained on the selection seed). A run of both arms is
+   trained once (the same spec).
 """
 
 from __future__ import annotations
@@ -23,7 +29,24 @@ from dataclasses import dataclass, replace
 from bhyt_pl.study.runner import RunResult, RunSpec
 from bhyt_pl.variants import Variant, parse_variant, split_options
 
-__all__ = ["SchemeGroup", "choose", "parse_group", "run_label", "seed_specs", "selection_specs", "sweep_specs"]
+__all__ = [
+    "SELECTION_SEED",
+    "SchemeGroup",
+    "Selection",
+    "choose",
+    "default_matched_lrs",
+    "evaluation_seeds",
+    "evaluation_specs",
+    "extension_lr",
+    "parse_group",
+    "run_label",
+    "select",
+    "selection_specs",
+    "sweep_specs",
+]
+
+SELECTION_SEED = 0
+"""Seed index of the selection runs; evaluation seeds are ``1 .. n`` (``evaluation_seeds``)."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +85,8 @@ def _spec(base: RunSpec, group: SchemeGroup, variant: Variant, lr: float, seed_i
         base,
         label=run_label(variant, lr, seed_index),
         group=group.label,
+        candidate=variant.label,
+        seed_index=seed_index,
         norm=variant.norm,
         norm_args=dict(variant.norm_args),
         lr=float(lr),
@@ -70,28 +95,133 @@ def _spec(base: RunSpec, group: SchemeGroup, variant: Variant, lr: float, seed_i
     )
 
 
+def evaluation_seeds(n_seeds: int) -> range:
+    """The evaluation seed indices ``1 .. n_seeds``: the selection seed is never one of them."""
+    return range(SELECTION_SEED + 1, SELECTION_SEED + 1 + n_seeds)
+
+
 def selection_specs(group: SchemeGroup, lrs: Sequence[float], base: RunSpec) -> list[RunSpec]:
-    """Step 1 of the protocol: every candidate at every learning rate, on the first seed."""
-    return [_spec(base, group, v, lr, 0) for v in group.candidates for lr in lrs]
+    """Step 1 of the protocol: every candidate at every learning rate, on the selection seed."""
+    return [_spec(base, group, v, lr, SELECTION_SEED) for v in group.candidates for lr in lrs]
+
+
+def _loss(r: RunResult) -> float:
+    return r.val_loss if r.status == "ok" and math.isfinite(r.val_loss) else math.inf
 
 
 def choose(results: Sequence[RunResult]) -> RunResult:
-    """Step 2: the first-seed run with the lowest validation loss (diverged and failed runs: infinite)."""
+    """The selection run with the lowest validation loss (diverged and failed runs: infinite; ties: the
+    earlier candidate, then the lower learning rate)."""
     if not results:
-        raise ValueError("no first-seed runs to choose from")
-
-    def key(item: tuple[int, RunResult]) -> tuple[float, int]:
-        i, r = item
-        loss = r.val_loss if r.status == "ok" and math.isfinite(r.val_loss) else math.inf
-        return loss, i
-
-    return min(enumerate(results), key=key)[1]
+        raise ValueError("no selection runs to choose from")
+    order = {}
+    for r in results:
+        order.setdefault(r.spec.candidate, len(order))
+    return min(results, key=lambda r: (_loss(r), order[r.spec.candidate], r.spec.lr))
 
 
-def seed_specs(group: SchemeGroup, chosen: RunResult, n_seeds: int, base: RunSpec) -> list[RunSpec]:
-    """Step 3: seeds ``1 .. n_seeds-1`` at the chosen candidate and learning rate."""
-    variant = next(v for v in group.candidates if v.norm == chosen.spec.norm and v.norm_args == chosen.spec.norm_args)
-    return [_spec(base, group, variant, chosen.spec.lr, i) for i in range(1, n_seeds)]
+def extension_lr(lr: float, tried: Sequence[float], grid: Sequence[float]) -> float | None:
+    """The rate one grid step beyond ``lr`` when it is the lowest or highest of ``tried`` (its candidate's rates),
+    else None. The step is the grid's ratio at that end (``grid[1] / grid[0]`` below, ``grid[-1] / grid[-2]``
+    above); a one-rate grid has no ratio, so no extension (the group stays flagged)."""
+    rates, ordered = sorted(set(tried)), sorted(grid)
+    if len(ordered) < 2 or lr not in rates:
+        return None
+    if lr == rates[0]:
+        return float(f"{lr / (ordered[1] / ordered[0]):.6g}")  # 6 digits: a stable label (lr0.000333333)
+    if lr == rates[-1]:
+        return float(f"{lr * (ordered[-1] / ordered[-2]):.6g}")
+    return None
+
+
+@dataclass(frozen=True)
+class Selection:
+    """A group's choice on the selection seed.
+
+    Args:
+        group: the group label.
+        chosen: the kept selection run (None when every selection run diverged or failed).
+        runs: the group's selection runs (candidates x rates, and the extensions).
+        extensions: the rates added beyond the grid, in order.
+        edge: ``"lowest"`` / ``"highest"`` when the kept rate is still at that end of its candidate's tried
+            rates (the best rate may lie beyond), else ``""``.
+    """
+
+    group: str
+    chosen: RunResult | None
+    runs: tuple[RunResult, ...]
+    extensions: tuple[float, ...] = ()
+    edge: str = ""
+
+    @property
+    def budget(self) -> int:
+        """Selection runs spent on the group (candidates x rates + extensions)."""
+        return len(self.runs)
+
+    @property
+    def lr(self) -> float:
+        return self.chosen.spec.lr if self.chosen is not None else math.nan
+
+    @property
+    def candidate(self) -> str:
+        return self.chosen.spec.candidate if self.chosen is not None else ""
+
+    def tried(self, candidate: str) -> list[float]:
+        return sorted({r.spec.lr for r in self.runs if r.spec.candidate == candidate})
+
+
+def select(
+    group: SchemeGroup, runs: Sequence[RunResult], grid: Sequence[float], limit: int, base: RunSpec
+) -> Selection | RunSpec:
+    """Steps 1-2 for one group from its finished selection runs: the ``Selection`` when it is complete, or the
+    next extension run to train (the kept rate sits at an edge and fewer than ``limit`` extensions ran)."""
+    grid_rates = set(grid)
+    extensions = tuple(sorted({r.spec.lr for r in runs if r.spec.lr not in grid_rates}, key=lambda lr: -lr))
+    best = choose(runs)
+    if _loss(best) == math.inf:
+        return Selection(group.label, None, tuple(runs), extensions)
+    tried = sorted({r.spec.lr for r in runs if r.spec.candidate == best.spec.candidate})
+    step = extension_lr(best.spec.lr, tried, grid)
+    if step is not None and len(extensions) < limit:
+        variant = next(v for v in group.candidates if v.label == best.spec.candidate)
+        return _spec(base, group, variant, step, SELECTION_SEED)
+    edge = ""
+    if len(tried) < 2 or best.spec.lr == tried[0]:
+        edge = "lowest" if len(tried) >= 2 else "single rate"
+    elif best.spec.lr == tried[-1]:
+        edge = "highest"
+    return Selection(group.label, best, tuple(runs), extensions, edge)
+
+
+def default_matched_lrs(selections: Sequence[Selection], grid: Sequence[float], count: int = 2) -> tuple[float, ...]:
+    """The ``count`` highest grid rates at which every group's kept candidate trained (status ok) on the
+    selection seed; fewer when fewer qualify (none when a group has no kept candidate)."""
+    qualifying = []
+    for lr in sorted(grid, reverse=True):
+        ok = True
+        for s in selections:
+            run = next(
+                (r for r in s.runs if s.chosen is not None and r.spec.candidate == s.candidate and r.spec.lr == lr),
+                None,
+            )
+            ok = ok and run is not None and run.status == "ok" and math.isfinite(run.val_loss)
+        if ok:
+            qualifying.append(lr)
+        if len(qualifying) == count:
+            break
+    return tuple(sorted(qualifying))
+
+
+def evaluation_specs(
+    group: SchemeGroup, selection: Selection, matched_lrs: Sequence[float], n_seeds: int, base: RunSpec
+) -> list[RunSpec]:
+    """Step 3: the kept candidate on every evaluation seed at the best rate and at each matched rate; a rate of
+    both arms appears once (the runs coincide)."""
+    if selection.chosen is None:
+        return []
+    variant = next(v for v in group.candidates if v.label == selection.candidate)
+    rates = list(dict.fromkeys([selection.lr, *matched_lrs]))
+    return [_spec(base, group, variant, lr, i) for lr in rates for i in evaluation_seeds(n_seeds)]
 
 
 def sweep_specs(

@@ -1,7 +1,9 @@
-"""The study's report: markdown tables and matplotlib figures from a list of ``RunResult``.
+"""The study's report: markdown tables and matplotlib figures from a list of ``RunResult`` and the protocol's
+design (each group's selection, the matched rates).
 
-Seed aggregation and verdicts come from ``bhyt_pl.study.stats``; the claims are the paper's that can be
-tested at this scale (docs/method.md). Figures are plain ``matplotlib.figure.Figure`` objects saved with
+Seed aggregation and verdicts come from ``bhyt_pl.study.stats``; the claims are the rows of
+``bhyt_pl.study.claims.CLAIMS`` (docs/method.md, section 10), evaluated there; this module only lays them out.
+Figures are plain ``matplotlib.figure.Figure`` objects saved with
 the Agg canvas (no pyplot state); seed bands span the min-max over seeds around the mean.
 """
 
@@ -10,71 +12,60 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bhyt_pl.callbacks.layer_metrics import layer_series, split_layer_key
 from bhyt_pl.study import stats
-from bhyt_pl.study.runner import RunResult, log_slope
+from bhyt_pl.study.claims import MARGINS, ClaimResult, Design, evaluate, evaluation_runs
+from bhyt_pl.study.metrics import LOG_METRICS, final_snapshot
+from bhyt_pl.study.metrics import METRICS as CLAIM_METRICS
+from bhyt_pl.study.metrics import value as ln_value
+from bhyt_pl.study.plan import SELECTION_SEED
+from bhyt_pl.study.runner import RunResult
 
 __all__ = [
     "GROUP_COLUMNS",
-    "ROLES",
-    "Claim",
+    "MATCHED_COLUMNS",
+    "best_runs",
     "bound_table",
-    "claims",
-    "claims_table",
-    "group_runs",
+    "claims_figure",
+    "design_table",
+    "detail_table",
     "group_table",
+    "growth_words",
     "lr_table",
+    "matched_table",
     "per_seed",
     "save_figure",
+    "summary_table",
     "sweep_figure",
     "sweep_table",
+    "training_table",
     "write_report",
 ]
 
 GROUP_COLUMNS = (
     "scheme",
-    "chosen",
+    "candidate",
     "lr",
     "seeds ok",
     "val loss",
     "train loss",
-    "last-layer magnitude",
+    "last-layer magnitude (mean token)",
+    "median token",
+    "per coordinate (/sqrt d)",
     "last-layer variance",
-    "median-token magnitude",
     "magnitude w/o top-2 channels",
-    "log-magnitude slope (layers 2-L)",
+    "ln magnitude growth L/4..L",
+    "ln magnitude slope/layer L/4..L",
+    "ln variance growth L/4..L",
     "loss / grad-norm spikes",
     "layer of max grad norm",
     "last-layer attn entropy",
     "tanh saturation",
 )
 """Columns of the per-scheme table (``group_table``): mean [95% CI] (min-max) over seeds where numeric."""
-
-ROLES: dict[str, str] = {
-    "BHyT": "bhyt",
-    "BHyT*": "bhyt_exact",
-    "RMSNorm": "rmsnorm",
-    "LayerNorm": "layernorm",
-    "LNS": "lns",
-    "Peri-LN": "peri_ln",
-    "DyT": "dyt",
-}
-"""The roles of the paper's claims and the registered scheme that plays each: the one place the report
-names schemes; a study group plays the role of its ``norm``."""
-
-BHYT_FAMILY = ("BHyT", "BHyT*")
-"""Roles whose groups get the approximation table and the variance-theorem claim."""
-
-_ROLE_OF_NORM = {norm: role for role, norm in ROLES.items()}
-
-
-def _role(group: Any) -> str | None:
-    """The role a study group plays in the claims (``ROLES``), None for other schemes."""
-    return _ROLE_OF_NORM.get(group.norm)
 
 
 def _num(value: float | None, digits: int = 3) -> str:
@@ -180,7 +171,7 @@ def sweep_table(results: Sequence[RunResult]) -> str:
 
 
 def _scheme_label(r: RunResult) -> str:
-    return r.spec.label.split("@", 1)[0]
+    return r.spec.candidate or r.spec.label.split("@", 1)[0]
 
 
 def sweep_figure(results: Sequence[RunResult], max_loss: float) -> Any:
@@ -189,7 +180,7 @@ def sweep_figure(results: Sequence[RunResult], max_loss: float) -> Any:
     import numpy as np
     from matplotlib.figure import Figure
 
-    results = [r for r in results if seed_index(r) == 0]
+    results = [r for r in results if r.spec.seed_index == 0]
     schemes = list(dict.fromkeys(_scheme_label(r) for r in results))
     depths = sorted({r.n_layers or r.spec.overrides.get("n_layers", 0) for r in results})
     lrs = sorted({r.spec.lr for r in results})
@@ -233,48 +224,13 @@ def sweep_figure(results: Sequence[RunResult], max_loss: float) -> Any:
     return figure
 
 
-# ----------------------------------------------------------------------------- seeds and groups
-def seed_index(r: RunResult) -> int:
-    """The seed index of a run (its label ends in ``-s<i>``)."""
-    return int(r.spec.label.rsplit("-s", 1)[1])
-
-
-def group_runs(results: Sequence[RunResult], group: str, chosen: str | None) -> list[RunResult]:
-    """The runs every statistic of ``group`` is reported on: the chosen first-seed run and the other seeds."""
-    if chosen is None:
-        return []
-    return sorted(
-        (r for r in results if r.spec.group == group and (r.spec.label == chosen or seed_index(r) > 0)),
-        key=seed_index,
-    )
-
-
+# ----------------------------------------------------------------------------- per-run values
 def _final_point(r: RunResult) -> dict[str, Any]:
     return r.trajectory[-1] if r.trajectory else {}
 
 
 def _last(values: Sequence[float]) -> float:
     return values[-1] if values else math.nan
-
-
-METRICS: dict[str, Callable[[RunResult], float]] = {
-    "val_loss": lambda r: r.val_loss,
-    "train_loss": lambda r: r.train_loss,
-    "magnitude": lambda r: r.last_layer("magnitude"),
-    "variance": lambda r: r.last_layer("variance"),
-    "median_magnitude": lambda r: r.last_layer("median_magnitude"),
-    "magnitude_top2_removed": lambda r: r.last_layer("magnitude_top2_removed"),
-    "magnitude_slope": lambda r: log_slope(layer_series(r.depth_final, "magnitude")),
-    "saturation": lambda r: _mean([v for v in _final_point(r).get("saturation", [])]),
-    "loss_spikes": lambda r: float(r.stability.get("loss_spikes", math.nan)) if r.stability else math.nan,
-    "grad_norm_spikes": lambda r: float(r.stability.get("grad_norm_spikes", math.nan)) if r.stability else math.nan,
-    "max_grad_layer": lambda r: _stability_last(r, "max_grad_layer"),
-    "last_attn_entropy": lambda r: _stability_last(r, "last_attn_entropy"),
-}
-"""Per-run scalars the tables aggregate over seeds (last layer = the last block's output, end of training)."""
-
-LOG_METRICS = {"magnitude", "variance", "median_magnitude", "magnitude_top2_removed"}
-"""Compared between schemes as ``ln(a) - ln(b)`` (ratios: they span orders of magnitude across schemes)."""
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -288,9 +244,25 @@ def _stability_last(r: RunResult, key: str) -> float:
     return float(value) if value is not None else math.nan
 
 
+RUN_METRICS: dict[str, Callable[[RunResult], float]] = {
+    "val_loss": lambda r: r.val_loss,
+    "train_loss": lambda r: r.train_loss,
+    "magnitude_top2_removed": lambda r: r.last_layer("magnitude_top2_removed"),
+    "saturation": lambda r: _mean([v for v in _final_point(r).get("saturation", [])]),
+    "loss_spikes": lambda r: float(r.stability.get("loss_spikes", math.nan)) if r.stability else math.nan,
+    "grad_norm_spikes": lambda r: float(r.stability.get("grad_norm_spikes", math.nan)) if r.stability else math.nan,
+    "max_grad_layer": lambda r: _stability_last(r, "max_grad_layer"),
+    "last_attn_entropy": lambda r: _stability_last(r, "last_attn_entropy"),
+}
+"""Per-run scalars of the tables beyond the claim metrics (``bhyt_pl.study.metrics.METRICS``)."""
+
+METRICS = {**{k: (lambda r, k=k: CLAIM_METRICS[k][1](final_snapshot(r), r.dim)) for k in CLAIM_METRICS}, **RUN_METRICS}
+"""Every per-run scalar the tables aggregate over seeds, on its own scale (end of training)."""
+
+
 def per_seed(runs: Sequence[RunResult], metric: str) -> dict[int, float]:
     """``{seed index: value}``; NaN for runs that diverged or failed (no pair in comparisons)."""
-    return {seed_index(r): (METRICS[metric](r) if r.status == "ok" else math.nan) for r in runs}
+    return {r.spec.seed_index: (METRICS[metric](r) if r.status == "ok" else math.nan) for r in runs}
 
 
 def _ci(iv: stats.Interval, digits: int = 3) -> str:
@@ -302,13 +274,28 @@ def _ci(iv: stats.Interval, digits: int = 3) -> str:
     return f"{_num(iv.mean, digits)} [{_num(iv.low, digits)}, {_num(iv.high, digits)}] {spread}"
 
 
-def group_table(results: Sequence[RunResult], groups: Sequence[Any], chosen: dict[str, str]) -> str:
-    """One row per scheme group (``GROUP_COLUMNS``) over its seeds at the chosen candidate and learning rate."""
+# ----------------------------------------------------------------------------- groups at their best rate
+def best_runs(results: Sequence[RunResult], design: Any, group: str) -> list[RunResult]:
+    """The evaluation-seed runs of ``group``'s kept candidate at its best rate (empty before its selection)."""
+    s = design.selections.get(group)
+    if s is None or s.chosen is None:
+        return []
+    return evaluation_runs(results, group, s.candidate, s.lr)
+
+
+def _flag(design: Any, group: str) -> str:
+    """The group's label, flagged when its best rate is still at an edge of the rates it tried."""
+    s = design.selections.get(group)
+    return f"{group} (edge: {s.edge})" if s is not None and s.edge else group
+
+
+def group_table(results: Sequence[RunResult], groups: Sequence[Any], design: Any) -> str:
+    """One row per scheme group (``GROUP_COLUMNS``) over its evaluation seeds at its best rate."""
     rows = []
     for g in groups:
-        runs = group_runs(results, g.label, chosen.get(g.label))
+        runs = best_runs(results, design, g.label)
         if not runs:
-            rows.append([g.label, "selection unfinished"] + ["-"] * (len(GROUP_COLUMNS) - 2))
+            rows.append([_flag(design, g.label), "selection unfinished"] + ["-"] * (len(GROUP_COLUMNS) - 2))
             continue
         ok = [r for r in runs if r.status == "ok"]
 
@@ -322,8 +309,8 @@ def group_table(results: Sequence[RunResult], groups: Sequence[Any], chosen: dic
         )
         rows.append(
             [
-                g.label,
-                runs[0].spec.label.split("@", 1)[0],
+                _flag(design, g.label),
+                runs[0].spec.candidate,
                 f"{runs[0].spec.lr:g}",
                 f"{len(ok)}/{len(runs)}"
                 + (
@@ -334,10 +321,13 @@ def group_table(results: Sequence[RunResult], groups: Sequence[Any], chosen: dic
                 agg("val_loss", 4),
                 agg("train_loss", 4),
                 agg("magnitude"),
-                agg("variance"),
                 agg("median_magnitude"),
+                agg("magnitude_per_coordinate"),
+                agg("variance"),
                 agg("magnitude_top2_removed"),
-                agg("magnitude_slope"),
+                agg("magnitude_growth"),
+                agg("magnitude_growth_slope"),
+                agg("variance_growth"),
                 spikes,
                 layers,
                 agg("last_attn_entropy"),
@@ -347,24 +337,108 @@ def group_table(results: Sequence[RunResult], groups: Sequence[Any], chosen: dic
     return _table(GROUP_COLUMNS, rows)
 
 
-def lr_table(results: Sequence[RunResult], groups: Sequence[Any], chosen: dict[str, str]) -> str:
-    """Final validation loss of every first-seed selection run: candidates (rows) x learning rates; the chosen
-    cell in bold; diverged runs give the step of divergence."""
-    lrs = sorted({r.spec.lr for r in results if seed_index(r) == 0})
+MATCHED_COLUMNS = (
+    "scheme",
+    "lr",
+    "seeds ok",
+    "val loss",
+    "last-layer magnitude (mean token)",
+    "median token",
+    "per coordinate (/sqrt d)",
+    "last-layer variance",
+    "ln magnitude growth L/4..L",
+    "ln variance growth L/4..L",
+)
+
+
+def matched_table(results: Sequence[RunResult], groups: Sequence[Any], design: Any) -> str:
+    """Every group's kept candidate at every matched rate (evaluation seeds): the numbers the depth claims use."""
+    rows = []
+    for lr in design.matched_lrs:
+        for g in groups:
+            s = design.selections.get(g.label)
+            if s is None or s.chosen is None:
+                continue
+            runs = evaluation_runs(results, g.label, s.candidate, lr)
+            ok = [r for r in runs if r.status == "ok"]
+
+            def agg(metric: str, digits: int = 3, runs: list[RunResult] = runs) -> str:
+                return _ci(stats.interval(per_seed(runs, metric).values()), digits)
+
+            rows.append(
+                [g.label, f"{lr:g}", f"{len(ok)}/{len(runs)}", agg("val_loss", 4), agg("magnitude")]
+                + [agg("median_magnitude"), agg("magnitude_per_coordinate"), agg("variance")]
+                + [agg("magnitude_growth"), agg("variance_growth")]
+            )
+    return _table(MATCHED_COLUMNS, rows) if rows else "(no matched rate: see the design section)"
+
+
+def design_table(groups: Sequence[Any], design: Any) -> str:
+    """Each group's selection: its budget (candidates x rates + extensions), the kept candidate and rate, the
+    rates added past the grid, and the edge flag."""
     rows = []
     for g in groups:
+        s = design.selections.get(g.label)
+        if s is None:
+            rows.append([g.label, str(len(g.candidates)), "-", "-", "-", "-", "selection unfinished"])
+            continue
+        failed = "none trained: " + "; ".join(f"{r.spec.label} {_diverged_cell(r)}" for r in s.runs)
+        rows.append(
+            [
+                g.label,
+                str(len(g.candidates)),
+                str(s.budget),
+                s.candidate or failed,
+                f"{s.lr:g}" if s.chosen is not None else "-",
+                ", ".join(f"{lr:g}" for lr in s.extensions) or "-",
+                f"**at the {s.edge} rate tried**" if s.edge else "inside",
+            ]
+        )
+    header = ["scheme", "candidates", "selection runs", "kept candidate", "best lr", "grid extensions", "edge"]
+    return _table(header, rows)
+
+
+def budget_note(groups: Sequence[Any], design: Any) -> str:
+    """Whether every group had the same selection budget, and why not where it did not."""
+    budgets = {g.label: design.selections[g.label].budget for g in groups if g.label in design.selections}
+    if not budgets:
+        return ""
+    if len(set(budgets.values())) == 1:
+        return f"Every group had the same selection budget: {next(iter(budgets.values()))} runs."
+    parts = []
+    for g in groups:
+        if g.label not in budgets:
+            continue
+        s = design.selections[g.label]
+        why = []
+        if len(g.candidates) > 1:
+            why.append(f"{len(g.candidates)} grid candidates")
+        if s.extensions:
+            why.append(f"{len(s.extensions)} extension(s) past the grid")
+        if why:
+            parts.append(f"{g.label}: {budgets[g.label]} runs ({', '.join(why)})")
+    low = min(budgets.values())
+    return (
+        f"Selection budgets differ: {low} runs (one candidate at every --lrs rate) for most groups; "
+        + "; ".join(parts)
+        + ". A grid group searches its grid option as well as the rate (an option the scheme leaves to tuning); "
+        "an extension spends runs where the grid's edge held the best rate."
+    )
+
+
+def lr_table(results: Sequence[RunResult], groups: Sequence[Any], design: Any) -> str:
+    """Validation loss of every selection run (selection seed): candidates (rows) x learning rates (grid and
+    extensions); the kept cell in bold; diverged runs give the step of divergence."""
+    first = [r for r in results if r.spec.seed_index == SELECTION_SEED]
+    lrs = sorted({r.spec.lr for r in first})
+    rows = []
+    for g in groups:
+        s = design.selections.get(g.label)
         for v in g.candidates:
             cells = []
             for lr in lrs:
                 r = next(
-                    (
-                        x
-                        for x in results
-                        if x.spec.group == g.label
-                        and seed_index(x) == 0
-                        and x.spec.lr == lr
-                        and x.spec.label.split("@", 1)[0] == v.label
-                    ),
+                    (x for x in first if x.spec.group == g.label and x.spec.candidate == v.label and x.spec.lr == lr),
                     None,
                 )
                 if r is None:
@@ -375,20 +449,16 @@ def lr_table(results: Sequence[RunResult], groups: Sequence[Any], chosen: dict[s
                     cells.append("error")
                 else:
                     text = _num(r.val_loss, 4)
-                    cells.append(f"**{text}**" if chosen.get(g.label) == r.spec.label else text)
-            rows.append([g.label, v.label] + cells)
+                    kept = s is not None and s.chosen is not None and s.chosen.spec.label == r.spec.label
+                    cells.append(f"**{text}**" if kept else text)
+            rows.append([_flag(design, g.label), v.label] + cells)
     return _table(["scheme", "candidate"] + [f"lr {lr:g}" for lr in lrs], rows)
 
 
-def budget_lines(
-    results: Sequence[RunResult], groups: Sequence[Any], chosen: dict[str, str], meta: dict[str, Any]
-) -> list[str]:
+def budget_lines(results: Sequence[RunResult], groups: Sequence[Any], design: Any, meta: dict[str, Any]) -> list[str]:
     """How far training got: the schemes' mean validation loss against the unigram loss of the same tokens."""
     unigram = meta.get("unigram_loss")
-    means = {
-        g.label: _mean(list(per_seed(group_runs(results, g.label, chosen.get(g.label)), "val_loss").values()))
-        for g in groups
-    }
+    means = {g.label: _mean(list(per_seed(best_runs(results, design, g.label), "val_loss").values())) for g in groups}
     means = {k: v for k, v in means.items() if math.isfinite(v)}
     if unigram is None or not means:
         return []
@@ -403,24 +473,24 @@ def budget_lines(
 
 def divergence_edge(results: Sequence[RunResult]) -> str:
     """Where the learning-rate grid diverged: the lowest diverging learning rate per candidate, or none."""
-    first = [r for r in results if seed_index(r) == 0]
-    diverged = sorted({(r.spec.label.split("@", 1)[0], r.spec.lr) for r in first if r.status == "diverged"})
+    first = [r for r in results if r.spec.seed_index == SELECTION_SEED]
+    diverged = sorted({(r.spec.candidate, r.spec.lr) for r in first if r.status == "diverged"})
     if not diverged:
         top = max((r.spec.lr for r in first), default=math.nan)
-        return f"Divergence edge: no selection run diverged, so the edge lies above the grid's largest LR ({top:g})."
+        return f"Divergence edge: no selection run diverged, so the edge lies above the largest LR tried ({top:g})."
     edge: dict[str, float] = {}
     for label, lr in diverged:
         edge[label] = min(lr, edge.get(label, math.inf))
     listed = ", ".join(f"{label} from lr {lr:g}" for label, lr in edge.items())
-    return f"Divergence edge (lowest diverging learning rate of the grid): {listed}; the others trained at every LR."
+    return f"Divergence edge (lowest diverging learning rate tried): {listed}; the others trained at every LR."
 
 
-def importance_table(results: Sequence[RunResult], groups: Sequence[Any], chosen: dict[str, str]) -> str:
+def importance_table(results: Sequence[RunResult], groups: Sequence[Any], design: Any) -> str:
     """Layer importance: validation-loss increase when one block is skipped, mean over seeds, summarised by
     depth quarter, with the number of blocks whose removal costs less than 0.01 nats."""
     rows = []
     for g in groups:
-        runs = [r for r in group_runs(results, g.label, chosen.get(g.label)) if r.status == "ok" and r.importance]
+        runs = [r for r in best_runs(results, design, g.label) if r.status == "ok" and r.importance]
         if not runs:
             continue
         n = min(len(r.importance) for r in runs)
@@ -428,7 +498,7 @@ def importance_table(results: Sequence[RunResult], groups: Sequence[Any], chosen
         q = max(1, n // 4)
         quarters = [mean[i * q : (i + 1) * q] if i < 3 else mean[3 * q :] for i in range(4)]
         rows.append(
-            [g.label, str(len(runs))]
+            [_flag(design, g.label), str(len(runs))]
             + [_num(_mean(part)) for part in quarters]
             + [str(int(max(range(n), key=lambda i: mean[i])) + 1), f"{sum(v < 0.01 for v in mean)}/{n}"]
         )
@@ -445,26 +515,26 @@ def importance_table(results: Sequence[RunResult], groups: Sequence[Any], chosen
     return _table(header, rows) if rows else "(layer importance not measured)"
 
 
-def approximation_table(results: Sequence[RunResult], groups: Sequence[Any], chosen: dict[str, str]) -> str:
-    """Where BHyT and BHyT* part: per BHyT-family group, site B's approximated over exact second moment
-    (``bhyt_moment_ratio``; 1 = exact) in the first 4 layers and the rest, over positions 0-7 and later, and
-    the last-layer magnitude and variance as a ratio to BHyT*'s (seed-paired, exp of the mean ln ratio)."""
-    star = _find(groups, "BHyT*")
-    family = [g for g in groups if _role(g) in BHYT_FAMILY]
+def approximation_table(results: Sequence[RunResult], groups: Sequence[Any], design: Any, reference: str | None) -> str:
+    """Where an approximated site-B statistic parts from the exact one: for every group whose runs record
+    ``bhyt_moment_ratio`` (approximated over exact second moment, 1 = exact) or that is the ``reference`` group
+    (the role ``BHyT*``), the ratio in the first 4 layers and the rest, over positions 0-7 and later, and the
+    last-layer magnitude and variance as a ratio to the reference's (seed-paired, exp of the mean ln ratio)."""
+
+    def has_ratio(runs: Sequence[RunResult]) -> bool:
+        return any(k.startswith("bhyt_moment_ratio/") for r in runs for k in r.depth_final)
+
+    family = [g for g in groups if g.label == reference or has_ratio(best_runs(results, design, g.label))]
     if not family:
-        return "(no BHyT run)"
-
-    def ln_values(g: Any, metric: str) -> dict[int, float]:
-        v = per_seed(group_runs(results, g.label, chosen.get(g.label)), metric)
-        return {k: math.log(x) if x > 0 else math.nan for k, x in v.items()}
-
+        return "(no group with an approximated statistic)"
+    ref_runs = best_runs(results, design, reference) if reference else []
     rows = []
     for g in family:
-        runs = [r for r in group_runs(results, g.label, chosen.get(g.label)) if r.status == "ok"]
+        runs = [r for r in best_runs(results, design, g.label) if r.status == "ok"]
         if not runs:
             continue
 
-        def ratio(stat: str, lo: int, hi: int | None) -> str:
+        def ratio(stat: str, lo: int, hi: int | None, runs: list[RunResult] = runs) -> str:
             """Mean over the layers ``lo <= i < hi`` (0-based) that have the statistic, then over seeds."""
             per_run = []
             for r in runs:
@@ -476,191 +546,260 @@ def approximation_table(results: Sequence[RunResult], groups: Sequence[Any], cho
                 per_run.append(_mean([v for i, v in layers.items() if i >= lo and (hi is None or i < hi)]))
             return _num(_mean(per_run))
 
-        cells = [g.label, ratio("bhyt_moment_ratio", 0, 4), ratio("bhyt_moment_ratio", 4, None)]
+        cells = [_flag(design, g.label), ratio("bhyt_moment_ratio", 0, 4), ratio("bhyt_moment_ratio", 4, None)]
         cells += [ratio("bhyt_moment_ratio_first8", 0, None), ratio("bhyt_moment_ratio_rest", 0, None)]
         for stat in ("magnitude", "variance"):
-            if star is None or g is star:
+            if not ref_runs or g.label == reference:
                 cells.append("-")
                 continue
-            d = stats.interval(stats.paired_differences(ln_values(g, stat), ln_values(star, stat)))
+            a = {r.spec.seed_index: ln_value(r, stat) for r in runs}
+            b = {r.spec.seed_index: ln_value(r, stat) for r in ref_runs}
+            d = stats.interval(stats.paired_differences(a, b))
             cells.append(f"{_num(math.exp(d.mean))} [{_num(math.exp(d.low))}, {_num(math.exp(d.high))}]")
         rows.append(cells)
     header = ["scheme", "moment ratio, layers 1-4", "layers 5-L", "positions 0-7", "positions 8+"]
-    header += ["last-layer magnitude / BHyT* [95% CI]", "last-layer variance / BHyT* [95% CI]"]
+    header += [f"last-layer magnitude / {reference} [95% CI]", f"last-layer variance / {reference} [95% CI]"]
     return _table(header, rows)
 
 
-# ----------------------------------------------------------------------------- claims
-@dataclass(frozen=True)
-class Claim:
-    """One tested claim: what is compared, the seed-paired difference, the verdict, and (``room``) the
-    distance from the mean difference to the decision boundary in the paper's favour."""
-
-    claim: str
-    comparison: str
-    difference: stats.Interval
-    verdict: stats.Verdict
-    room: float = math.nan
-
-    @property
-    def seeds_needed(self) -> int | None:
-        """Seeds for a decisive interval at the measured mean and spread (inconclusive claims only)."""
-        if self.verdict.label != stats.INCONCLUSIVE:
-            return None
-        return stats.seeds_needed(self.difference, self.room)
+# ----------------------------------------------------------------------------- depth-wise growth
+GROWTH_MARGIN = MARGINS["magnitude_growth"]
+"""A profile whose ln growth from layer L/4 to L lies within +-this (90 % interval, TOST) reads "flat"."""
 
 
-def _find(groups: Sequence[Any], role: str, predicate: Callable[[dict[str, Any]], bool] = lambda a: True) -> Any:
-    """The first group playing ``role`` whose candidates' norm arguments all satisfy ``predicate``."""
-    return next((g for g in groups if _role(g) == role and all(predicate(v.norm_args) for v in g.candidates)), None)
+def growth_words(iv: stats.Interval, margin: float = GROWTH_MARGIN) -> str:
+    """Words that follow the numbers: "grows" (95 % interval above 0), "shrinks" (below 0), "flat" (90 %
+    interval within +-margin), else "unresolved"."""
+    if not iv.defined:
+        return "unresolved (fewer than 2 seeds)"
+    p_flat, _ = stats.rule_p_values(iv, "equivalent", margin)
+    if p_flat < stats.ALPHA:
+        return f"flat (within +-{margin:g} in ln)"
+    if iv.low > 0:
+        return "grows with depth"
+    if iv.high < 0:
+        return "shrinks with depth"
+    return "unresolved"
 
 
-def claims(results: Sequence[RunResult], groups: Sequence[Any], chosen: dict[str, str]) -> list[Claim]:
-    """The paper's claims testable at this scale (docs/method.md), each with its verdict rule:
-    lowest last-layer magnitude and variance (BHyT vs every baseline, on ``ln``), loss no worse than RMSNorm
-    (margin +0.02 nats), BHyT ~ BHyT* (+-0.05 nats; +-0.05 in ``ln`` for depth statistics), the 1B eval-loss
-    ordering BHyT < LNS < RMSNorm < Peri-LN < DyT (adjacent pairs), and the variance theorem (BHyT vs LNS
-    last-layer variance where lambda/kappa < 1/sqrt(L) holds; outside the theorem where it fails)."""
-
-    def values(group: Any, metric: str) -> dict[int, float]:
-        v = per_seed(group_runs(results, group.label, chosen.get(group.label)), metric)
-        return {
-            k: math.log(x) if metric in LOG_METRICS and x > 0 else (x if metric not in LOG_METRICS else math.nan)
-            for k, x in v.items()
-        }
-
-    def diff(a: Any, b: Any, metric: str) -> stats.Interval:
-        return stats.interval(stats.paired_differences(values(a, metric), values(b, metric)))
-
-    plain = lambda a: "exact_layers" not in a  # noqa: E731
-    bhyt_groups = [g for g in groups if _role(g) == "BHyT" and all(plain(v.norm_args) for v in g.candidates)]
-    bhyt = bhyt_groups[0] if bhyt_groups else None
-    star = _find(groups, "BHyT*")
-    exact_layers = next(
-        (g for g in groups if _role(g) == "BHyT" and not all(plain(v.norm_args) for v in g.candidates)), None
-    )
-    base = {role: _find(groups, role) for role in ("RMSNorm", "LayerNorm", "LNS", "Peri-LN", "DyT")}
-    out: list[Claim] = []
-    if bhyt is not None:
-        for stat in ("magnitude", "variance"):
-            for name, other in base.items():
-                if other is not None:
-                    d = diff(bhyt, other, stat)
-                    out.append(
-                        Claim(
-                            f"BHyT has the lowest last-layer {stat}",
-                            f"ln {bhyt.label} - ln {other.label}",
-                            d,
-                            stats.verdict_direction(d, -1),
-                            -d.mean,
-                        )
-                    )
-        for g in bhyt_groups:
-            if base["RMSNorm"] is not None:
-                d = diff(g, base["RMSNorm"], "val_loss")
-                out.append(
-                    Claim(
-                        "BHyT's loss is no worse than RMSNorm's",
-                        f"val loss {g.label} - rmsnorm",
-                        d,
-                        stats.verdict_no_worse(d),
-                        0.02 - d.mean,
-                    )
-                )
-    for g in [x for x in (bhyt, exact_layers) if x is not None]:
-        if star is not None:
-            d = diff(g, star, "val_loss")
-            out.append(
-                Claim(
-                    "BHyT ~ BHyT* in loss",
-                    f"val loss {g.label} - {star.label}",
-                    d,
-                    stats.verdict_approx(d),
-                    0.05 - abs(d.mean),
-                )
-            )
-            for stat in ("magnitude", "variance"):
-                d = diff(g, star, stat)
-                out.append(
-                    Claim(
-                        f"BHyT ~ BHyT* in last-layer {stat}",
-                        f"ln {g.label} - ln {star.label}",
-                        d,
-                        stats.verdict_approx(d),
-                        0.05 - abs(d.mean),
-                    )
-                )
-    order = [bhyt, base["LNS"], base["RMSNorm"], base["Peri-LN"], base["DyT"]]
-    names = ["BHyT", "LNS", "RMSNorm", "Peri-LN", "DyT"]
-    for (a, na), (b, nb) in zip(zip(order, names), zip(order[1:], names[1:]), strict=False):
-        if a is not None and b is not None:
-            d = diff(a, b, "val_loss")
-            out.append(
-                Claim(
-                    f"1B eval-loss ordering: {na} < {nb}",
-                    f"val loss {a.label} - {b.label}",
-                    d,
-                    stats.verdict_direction(d, -1),
-                    -d.mean,
-                )
-            )
-    if base["LNS"] is not None:
-        for g in [x for x in groups if _role(x) in BHYT_FAMILY]:
-            runs = group_runs(results, g.label, chosen.get(g.label))
-            bound = next((r.variance_bound for r in runs if r.variance_bound), None)
-            if not bound:
-                continue
-            d = diff(g, base["LNS"], "variance")
-            k, n = bound["kappa"], bound["n_layers"]
-            lam = max(bound["lambda_attn"], bound["lambda_mlp"])
-            relation = "<" if bound["at_init"]["all"] else ">="
-            condition = f"lambda/kappa = {lam / k:.3g} {relation} 1/sqrt({n}) = {1 / math.sqrt(n):.3g}"
-            if bound["at_init"]["all"]:
-                verdict = stats.verdict_direction(d, -1)
-            else:
-                verdict = stats.Verdict("outside the theorem", "the condition fails: no prediction, numbers only")
-            out.append(
-                Claim(
-                    f"theorem: BHyT variance below LNS's ({condition})",
-                    f"ln {g.label} - ln {base['LNS'].label} (last-layer variance)",
-                    d,
-                    verdict,
-                    -d.mean,
-                )
-            )
+def growth_rows(results: Sequence[RunResult], groups: Sequence[Any], design: Any) -> list[tuple[str, str, dict]]:
+    """``(group, rate, {metric: interval})`` for every group at its best rate and at each matched rate."""
+    out = []
+    for g in groups:
+        s = design.selections.get(g.label)
+        if s is None or s.chosen is None:
+            continue
+        rates = list(dict.fromkeys([*design.matched_lrs, s.lr]))
+        for lr in rates:
+            runs = evaluation_runs(results, g.label, s.candidate, lr)
+            ivs = {m: stats.interval(per_seed(runs, m).values()) for m in GROWTH_METRICS}
+            best = lr == s.lr
+            out.append((_flag(design, g.label) if best else g.label, f"{lr:g}" + (" (best)" if best else ""), ivs))
     return out
 
 
-def verdict_summary(items: Sequence[Claim]) -> list[str]:
-    """One line per verdict with the comparisons that received it (the report's plain summary)."""
-    lines = []
-    for label in (stats.REPRODUCED, stats.NOT_REPRODUCED, stats.INCONCLUSIVE, "outside the theorem"):
-        chosen_items = [c for c in items if c.verdict.label == label]
-        if chosen_items:
-            listed = "; ".join(f"{c.claim} ({c.comparison})" for c in chosen_items)
-            lines.append(f"- **{label}** ({len(chosen_items)}/{len(items)}): {listed}")
-    return lines
+GROWTH_METRICS = ("magnitude_growth", "magnitude_growth_slope", "variance_growth", "variance_growth_slope")
 
 
-def claims_table(items: Sequence[Claim]) -> str:
-    """The claims with their intervals and verdicts; for an inconclusive claim, the seeds a decisive interval
-    would need if the mean and spread stayed as measured ("-": the mean is on the wrong side or the spread
-    undefined)."""
-    rows = [
-        [
-            c.claim,
-            c.comparison,
-            str(c.difference.n),
-            _ci(c.difference),
-            f"**{c.verdict.label}**",
-            c.verdict.rule,
-            str(c.seeds_needed) if c.seeds_needed else "-",
-        ]
-        for c in items
-    ]
-    header = ["claim", "seed-paired difference", "pairs", "mean [95% CI] (min-max)", "verdict", "rule"]
-    header.append("seeds for a decisive CI")
+def growth_table(rows: list[tuple[str, str, dict]]) -> str:
+    header = ["scheme", "lr", "ln(magnitude L / L/4)", "magnitude ratio", "slope/layer", "ln(variance L / L/4)"]
+    header += ["variance slope/layer", "magnitude reads"]
+    body = []
+    for group, lr, ivs in rows:
+        m = ivs["magnitude_growth"]
+        body.append(
+            [group, lr, _ci(m), _num(math.exp(m.mean)) if math.isfinite(m.mean) else "n/a"]
+            + [_ci(ivs["magnitude_growth_slope"]), _ci(ivs["variance_growth"]), _ci(ivs["variance_growth_slope"])]
+            + [growth_words(m)]
+        )
+    return _table(header, body) if body else "(no evaluation run yet)"
+
+
+def growth_prose(rows: list[tuple[str, str, dict]]) -> list[str]:
+    """One sentence per scheme from the growth table: what its magnitude does from layer L/4 to L, per rate."""
+    by_group: dict[str, list[str]] = {}
+    for group, lr, ivs in rows:
+        m = ivs["magnitude_growth"]
+        if not math.isfinite(m.mean):
+            continue
+        by_group.setdefault(group.split(" (edge: ", 1)[0], []).append(
+            f"at lr {lr} the last layer's magnitude is {_num(math.exp(m.mean))}x layer L/4's "
+            f"(ln {_num(m.mean)}): {growth_words(m)}"
+        )
+    return [f"- {group}: " + "; ".join(parts) + "." for group, parts in by_group.items()]
+
+
+# ----------------------------------------------------------------------------- claims
+def _short_ci(iv: stats.Interval) -> str:
+    if not iv.defined:
+        return f"{_num(iv.mean)} (n={iv.n})" if iv.n else "n/a"
+    return f"{_num(iv.mean)} [{_num(iv.low)}, {_num(iv.high)}]"
+
+
+def _claim_name(c: ClaimResult) -> str:
+    return f"{c.spec.statement} [{c.spec.source}]: {c.target} vs {c.baseline}"
+
+
+def _edge_note(c: ClaimResult, design: Any) -> str:
+    """Best-arm claims of a group whose best rate is still at an edge carry the flag."""
+    if c.spec.arm != "best":
+        return ""
+    flagged = [g for g in (c.target, c.baseline) if design.selections.get(g) and design.selections[g].edge]
+    return " (edge: " + ", ".join(flagged) + ")" if flagged else ""
+
+
+def summary_table(items: Sequence[ClaimResult], design: Any) -> str:
+    """claim | arm | rate(s) | difference [95 % CI] | verdict | Holm-adjusted verdict: one row per claim, each
+    matched rate's difference in the rate order."""
+    rows = []
+    for c in items:
+        if c.spec.arm == "best":
+            t = c.tests[0]
+            rates = f"{t.lrs[0]:g} / {t.lrs[1]:g}"
+        else:
+            rates = "; ".join(t.rate for t in c.tests) or "none"
+        diffs = "; ".join(_short_ci(t.difference) for t in c.tests) or "n/a"
+        rows.append(
+            [
+                _claim_name(c) + _edge_note(c, design),
+                c.spec.arm,
+                rates,
+                diffs,
+                f"**{c.verdict}**",
+                c.holm_verdict,
+            ]
+        )
+    header = ["claim", "arm", "rate(s)", "difference [95 % CI]", "verdict", "Holm-adjusted verdict"]
     return _table(header, rows) if rows else "(no claim testable with these schemes)"
+
+
+def _rule_text(c: ClaimResult) -> str:
+    m = c.spec.margin_value
+    if c.spec.rule == "no_worse":
+        return f"upper 95% bound < +{m:g}"
+    if c.spec.rule == "equivalent":
+        return f"TOST: 90% CI within +-{m:g}"
+    return "95% CI < 0" if c.spec.rule == "lower" else "95% CI > 0"
+
+
+def detail_table(items: Sequence[ClaimResult]) -> str:
+    """Every (claim, rate) test: metric, rule with its margin, pairs, 95 % and 90 % intervals, p-values (raw and
+    Holm-adjusted) and the seeds a decisive interval would take at the measured mean and spread."""
+    rows = []
+    for c in items:
+        for t in c.tests:
+            room = math.nan
+            if t.verdict == stats.INCONCLUSIVE and t.difference.defined:
+                m = c.spec.margin_value or 0.0
+                room = {
+                    "lower": -t.difference.mean,
+                    "higher": t.difference.mean,
+                    "no_worse": m - t.difference.mean,
+                    "equivalent": m - abs(t.difference.mean),
+                }[c.spec.rule]
+            needed = stats.seeds_needed(t.difference, room) if math.isfinite(room) else None
+            rows.append(
+                [
+                    _claim_name(c),
+                    f"{c.spec.metric}{' (ln ratio)' if c.spec.metric in LOG_METRICS else ''}",
+                    t.rate,
+                    _rule_text(c) + (f"; {c.condition}" if c.condition else ""),
+                    str(t.difference.n),
+                    _ci(t.difference),
+                    _short_ci(t.difference_90),
+                    f"{_num(t.p_for)} / {_num(t.p_against)}",
+                    f"{_num(t.holm_p_for)} / {_num(t.holm_p_against)}",
+                    t.verdict,
+                    str(needed) if needed else "-",
+                ]
+            )
+    header = ["claim", "metric", "rate", "rule", "pairs", "mean [95% CI] (min-max)", "90% CI"]
+    header += ["p for / against", "Holm p for / against", "verdict at this rate", "seeds for a decisive CI"]
+    return _table(header, rows) if rows else "(no claim)"
+
+
+_LETTER = {stats.REPRODUCED: "R", stats.NOT_REPRODUCED: "N", stats.INCONCLUSIVE: "."}
+
+
+def training_table(items: Sequence[ClaimResult]) -> str:
+    """Every (claim, rate) test at each trajectory point, as one letter per point (R reproduced, N not
+    reproduced, . inconclusive), with the difference at the first and last points."""
+    rows = []
+    for c in items:
+        for t in c.tests:
+            points = t.over_training
+            if not points:
+                continue
+            letters = "".join(_LETTER.get(p["verdict"], "?") for p in points)
+
+            def cell(p: dict[str, Any]) -> str:
+                return f"{_num(p['mean'])} [{_num(p['low'])}, {_num(p['high'])}] @{p['tokens']:,}"
+
+            rows.append(
+                [
+                    _claim_name(c),
+                    t.rate,
+                    f"`{letters}`",
+                    cell(points[1] if len(points) > 1 else points[0]),
+                    cell(points[-1]),
+                ]
+            )
+    header = ["claim", "rate", "verdict at each point (step 0 first)", "first trained point", "last point"]
+    return _table(header, rows) if rows else "(no trajectory)"
+
+
+def claims_figure(items: Sequence[ClaimResult]) -> Any:
+    """Each claim's difference (mean with its 95 % interval) against training tokens, one panel per claim and
+    one line per rate; the dashed line is 0, dotted lines the margin."""
+    from matplotlib.figure import Figure
+
+    panels = [c for c in items if any(t.over_training for t in c.tests)]
+    columns = 4
+    rows = max(1, math.ceil(len(panels) / columns))
+    figure = Figure(figsize=(4 * columns, 2.6 * rows + 0.5), layout="constrained")
+    axes = figure.subplots(rows, columns, squeeze=False).ravel()
+    for ax, c in zip(axes, panels, strict=False):
+        for t in c.tests:
+            pts = [p for p in t.over_training if math.isfinite(p["mean"])]
+            if not pts:
+                continue
+            x = [max(p["tokens"], 1) for p in pts]
+            (line,) = ax.plot(x, [p["mean"] for p in pts], marker="o", markersize=2, label=f"lr {t.rate}")
+            low = [p["low"] if math.isfinite(p["low"]) else p["mean"] for p in pts]
+            high = [p["high"] if math.isfinite(p["high"]) else p["mean"] for p in pts]
+            ax.fill_between(x, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+        ax.axhline(0, color="black", linestyle="--", linewidth=0.8)
+        if c.spec.margin_value:
+            for m in (c.spec.margin_value, -c.spec.margin_value):
+                ax.axhline(m, color="grey", linestyle=":", linewidth=0.8)
+        ax.set_xscale(
+            "symlog",
+            linthresh=max(
+                1, min((p["tokens"] for t in c.tests for p in t.over_training if p["tokens"] > 0), default=1)
+            ),
+        )
+        ax.set_title(f"{c.target} - {c.baseline}: {c.spec.metric}", fontsize=7)
+        ax.tick_params(labelsize=6)
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=5)
+    for ax in axes[len(panels) :]:
+        ax.set_visible(False)
+    figure.supxlabel("training tokens")
+    figure.suptitle("claims over training: target - baseline, mean and 95% CI over evaluation seeds", fontsize=10)
+    return figure
+
+
+def verdict_counts(items: Sequence[ClaimResult]) -> list[str]:
+    """How many claims received each verdict, per-claim and Holm-adjusted."""
+    lines = []
+    for name, get in (("per claim", lambda c: c.verdict), ("Holm-adjusted", lambda c: c.holm_verdict)):
+        counts: dict[str, int] = {}
+        for c in items:
+            counts[get(c)] = counts.get(get(c), 0) + 1
+        listed = ", ".join(f"{v}: {n}" for v, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+        lines.append(f"- {name} ({len(items)} claims): {listed}")
+    return lines
 
 
 # ----------------------------------------------------------------------------- figures
@@ -688,9 +827,7 @@ def _band(ax: Any, x: Sequence[float], series: list[list[float]], label: str, co
     ax.fill_between(list(x)[:n], low, high, color=line.get_color(), alpha=0.2, linewidth=0)
 
 
-def depth_profile_figure(
-    results: Sequence[RunResult], groups: Sequence[Any], chosen: dict[str, str], title: str
-) -> Any:
+def depth_profile_figure(results: Sequence[RunResult], groups: Sequence[Any], design: Any, title: str) -> Any:
     """Paper Figure 3 and its robust variants against depth at the end: mean over seeds with a min-max band."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
@@ -700,7 +837,7 @@ def depth_profile_figure(
     axes = figure.subplots(2, 2).ravel()
     for ax, stat in zip(axes, stats_, strict=True):
         for g in groups:
-            runs = [r for r in group_runs(results, g.label, chosen.get(g.label)) if r.status == "ok"]
+            runs = [r for r in best_runs(results, design, g.label) if r.status == "ok"]
             series = [layer_series(r.depth_final, stat) for r in runs]
             series = [s for s in series if s]
             if series:
@@ -716,7 +853,7 @@ def depth_profile_figure(
     return figure
 
 
-def trajectory_figure(results: Sequence[RunResult], groups: Sequence[Any], chosen: dict[str, str], title: str) -> Any:
+def trajectory_figure(results: Sequence[RunResult], groups: Sequence[Any], design: Any, title: str) -> Any:
     """Last-layer magnitude, median-token magnitude, log-magnitude slope and tanh saturation against the
     optimizer step: mean over seeds with a min-max band."""
     from matplotlib.figure import Figure
@@ -731,7 +868,7 @@ def trajectory_figure(results: Sequence[RunResult], groups: Sequence[Any], chose
     )
     for ax, (name, fn, log_scale) in zip(axes, panels, strict=True):
         for g in groups:
-            runs = [r for r in group_runs(results, g.label, chosen.get(g.label)) if r.status == "ok" and r.trajectory]
+            runs = [r for r in best_runs(results, design, g.label) if r.status == "ok" and r.trajectory]
             if not runs:
                 continue
             steps = [p["step"] for p in runs[0].trajectory]
@@ -755,13 +892,13 @@ def lr_figure(results: Sequence[RunResult], groups: Sequence[Any], max_loss: flo
 
     figure = Figure(figsize=(8, 4.8), layout="constrained")
     ax = figure.subplots()
-    first = [r for r in results if seed_index(r) == 0]
+    first = [r for r in results if r.spec.seed_index == SELECTION_SEED]
     finite = [r.val_loss for r in first if r.status == "ok" and math.isfinite(r.val_loss)]
     top = max(finite) + 0.1 if finite else max_loss
     for g in groups:
         for v in g.candidates:
             runs = sorted(
-                (r for r in first if r.spec.group == g.label and r.spec.label.split("@", 1)[0] == v.label),
+                (r for r in first if r.spec.group == g.label and r.spec.candidate == v.label),
                 key=lambda r: r.spec.lr,
             )
             if not runs:
@@ -783,7 +920,7 @@ def lr_figure(results: Sequence[RunResult], groups: Sequence[Any], max_loss: flo
     return figure
 
 
-def importance_figure(results: Sequence[RunResult], groups: Sequence[Any], chosen: dict[str, str]) -> Any:
+def importance_figure(results: Sequence[RunResult], groups: Sequence[Any], design: Any) -> Any:
     """Validation-loss increase when each block alone is replaced by the identity, mean with a seed band."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
@@ -791,7 +928,7 @@ def importance_figure(results: Sequence[RunResult], groups: Sequence[Any], chose
     figure = Figure(figsize=(9, 4.8), layout="constrained")
     ax = figure.subplots()
     for g in groups:
-        runs = [r for r in group_runs(results, g.label, chosen.get(g.label)) if r.status == "ok" and r.importance]
+        runs = [r for r in best_runs(results, design, g.label) if r.status == "ok" and r.importance]
         if runs:
             _band(
                 ax,
@@ -811,14 +948,14 @@ def importance_figure(results: Sequence[RunResult], groups: Sequence[Any], chose
     return figure
 
 
-def loss_figure(results: Sequence[RunResult], groups: Sequence[Any], chosen: dict[str, str], title: str) -> Any:
+def loss_figure(results: Sequence[RunResult], groups: Sequence[Any], design: Any, title: str) -> Any:
     """Training loss against step over the seeds of each group (mean with a min-max band)."""
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=(8, 4.8), layout="constrained")
     ax = figure.subplots()
     for g in groups:
-        runs = [r for r in group_runs(results, g.label, chosen.get(g.label)) if r.status == "ok" and r.losses]
+        runs = [r for r in best_runs(results, design, g.label) if r.status == "ok" and r.losses]
         if runs:
             _band(
                 ax,
@@ -837,38 +974,74 @@ def loss_figure(results: Sequence[RunResult], groups: Sequence[Any], chosen: dic
 
 
 # ----------------------------------------------------------------------------- the report
+def claim_design(design: Any, meta: dict[str, Any]) -> Design:
+    """The claims' view of the protocol's design: each selected group's best rate and candidate."""
+    chosen = {g: s for g, s in design.selections.items() if s.chosen is not None}
+    return Design(
+        best={g: s.lr for g, s in chosen.items()},
+        candidate={g: s.candidate for g, s in chosen.items()},
+        matched_lrs=tuple(design.matched_lrs),
+        tokens_per_step=int(meta.get("tokens_per_step", 0)),
+    )
+
+
+def design_dict(design: Any) -> dict[str, Any]:
+    return {
+        "matched_lrs": list(design.matched_lrs),
+        "matched_note": design.matched_note,
+        "selections": {
+            g: {
+                "candidate": s.candidate,
+                "lr": s.lr if s.chosen is not None else None,
+                "run": s.chosen.spec.label if s.chosen is not None else None,
+                "budget": s.budget,
+                "selection_runs": [r.spec.label for r in s.runs],
+                "extensions": list(s.extensions),
+                "edge": s.edge,
+            }
+            for g, s in design.selections.items()
+        },
+    }
+
+
+def margins_lines(items: Sequence[ClaimResult]) -> list[str]:
+    margins = sorted({(c.spec.metric, c.spec.margin_value) for c in items if c.spec.margin_value is not None})
+    if not margins:
+        return []
+    listed = ", ".join(f"{metric} +-{m:g}" for metric, m in margins)
+    return [f"Margins (docs/method.md, section 10): {listed}."]
+
+
 def write_report(
     out: Path,
     results: list[RunResult],
     meta: dict[str, Any],
     groups: Sequence[Any],
-    chosen: dict[str, str],
+    design: Any,
     sweep: bool,
     figures: bool = True,
 ) -> dict[str, Path]:
-    """``results.json`` (every run of every seed), ``report.md`` and (``figures``) the PNGs under ``out``."""
+    """``results.json`` (every run, the design, every claim with its tests and run labels), ``report.md`` and
+    (``figures``) the PNGs under ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     paths = {"results": out / "results.json", "report": out / "report.md"}
-    document = {"meta": meta, "chosen": chosen, "runs": [r.to_dict() for r in results]}
+    document: dict[str, Any] = {"meta": meta}
+    items: list[ClaimResult] = []
+    skipped: list[Any] = []
     if not sweep:
-        document["claims"] = [
-            {
-                "claim": c.claim,
-                "comparison": c.comparison,
-                "difference": c.difference.__dict__,
-                "verdict": c.verdict.label,
-                "rule": c.verdict.rule,
-                "seeds_needed": c.seeds_needed,
-            }
-            for c in claims(results, groups, chosen)
-        ]
+        roles = meta.get("roles", {})
+        items, skipped = evaluate(results, claim_design(design, meta), roles)
+        document["design"] = design_dict(design)
+        document["claims"] = [c.to_dict() for c in items]
+        document["claims_not_tested"] = [f"{c.statement}: {c.target} vs {c.baseline}" for c in skipped]
+    document["runs"] = [r.to_dict() for r in results]
     paths["results"].write_text(json.dumps(document, indent=1, default=str))
     max_loss = float(meta["max_loss"])
     title = (
         f"{meta['preset']} ({meta['n_layers_label']} layers), {meta['steps']} steps of {meta['tokens_per_step']} tokens"
     )
     lines = [f"# {'Stability sweep' if sweep else 'Depth study'}", "", f"Command: `{meta['command']}`", ""]
-    skip = ("command", "machine", "n_layers_label", "overrides")
+    skip = ("command", "machine", "n_layers_label", "overrides", "roles")
     lines += [f"- {k.replace('_', ' ')}: {v}" for k, v in meta.items() if k not in skip]
     lines.append(f"- layers: {meta['n_layers_label']}; config overrides: {meta.get('overrides') or 'none'}")
     lines.append("- machine: " + ", ".join(f"{k} {v}" for k, v in meta["machine"].items()))
@@ -888,40 +1061,99 @@ def write_report(
         return paths
     if figures:
         paths["depth_final"] = save_figure(
-            depth_profile_figure(results, groups, chosen, f"end of training: {title}"), out / "depth_final.png"
+            depth_profile_figure(results, groups, design, f"end of training: {title}"), out / "depth_final.png"
         )
-        paths["trajectories"] = save_figure(trajectory_figure(results, groups, chosen, title), out / "trajectories.png")
+        paths["trajectories"] = save_figure(trajectory_figure(results, groups, design, title), out / "trajectories.png")
         paths["lr"] = save_figure(lr_figure(results, groups, max_loss), out / "lr_sensitivity.png")
-        paths["importance"] = save_figure(importance_figure(results, groups, chosen), out / "layer_importance.png")
-        paths["loss"] = save_figure(loss_figure(results, groups, chosen, title), out / "loss.png")
+        paths["importance"] = save_figure(importance_figure(results, groups, design), out / "layer_importance.png")
+        paths["loss"] = save_figure(loss_figure(results, groups, design, title), out / "loss.png")
+        paths["claims"] = save_figure(claims_figure(items), out / "claims_over_training.png")
+    roles = meta.get("roles", {})
+    role_text = ", ".join(f"{role} = {group}" for role, group in roles.items()) or "none"
+    growth = growth_rows(results, groups, design)
     lines += [
+        "## Design",
+        "",
+        "Selection and evaluation use different seeds: the selection seed (index 0) picks each group's candidate "
+        "and learning rate by validation loss; every reported number comes from the evaluation seeds (indices "
+        "1..N). A best rate at an end of the rates its candidate tried is extended one grid step on that side "
+        f"(up to {meta.get('extensions', '?')} time(s)); a group still there is flagged *edge* in every table "
+        "that uses it.",
+        "",
+        design_table(groups, design),
+        "",
+        budget_note(groups, design),
+        "",
+        f"Matched rates: {', '.join(f'{lr:g}' for lr in design.matched_lrs) or 'none'} "
+        f"({design.matched_note or 'not set yet'}).",
+        f"Roles of the claims: {role_text}.",
+        "",
         "## Claims",
         "",
-        "Each row compares two schemes through the seed-paired difference (seed i of both shares the "
-        "initialisation seed and the data order) at each scheme's chosen learning rate; magnitudes and "
-        "variances as ln ratios. Verdicts: directional claims are *reproduced* when the 95% t-interval "
-        "excludes 0 in the paper's direction, *not reproduced* when it excludes 0 in the other, else "
-        '*inconclusive*; "no worse than": upper bound < +0.02 nats; "~": the interval within +-0.05.',
+        "Each claim compares two groups through the seed-paired difference target - baseline over the evaluation "
+        "seeds (magnitudes and variances as ln ratios). Arm *best*: each group at its best rate (rates shown "
+        "target / baseline); arm *matched*: both at the same rate, at every matched rate, and the verdict holds "
+        "only when it holds at every rate, else it reads *depends on the learning rate*. Rules: *lower*: 95% CI "
+        "< 0; *no worse*: upper 95% bound < +margin; *~*: TOST, 90% CI within +-margin; *not reproduced*: the "
+        "95% interval on the other side (of 0, or wholly outside the margin). Holm-adjusted: the same rules on "
+        "Holm step-down p-values over every (claim, rate) test of the family (family-wise error 5%).",
+        *margins_lines(items),
         "",
-        claims_table(claims(results, groups, chosen)),
+        summary_table(items, design),
         "",
-        *verdict_summary(claims(results, groups, chosen)),
+        *verdict_counts(items),
         "",
-        "## Schemes at their chosen learning rate",
+    ]
+    if not sweep and skipped:
+        missing = sorted({role for c in skipped for role in (c.target, c.baseline) if role not in roles})
+        lines += [f"Not tested: {len(skipped)} claims of the table (roles without a group: {', '.join(missing)}).", ""]
+    lines += [
+        "### Every test",
         "",
-        "mean [95% t-interval] (min-max) over seeds; diverged runs are left out of the means. Last layer: "
-        "the last block's output on the fixed batch in eval mode at the end. Median-token magnitude: "
-        "median over tokens of ||y_t||, position 0 excluded; w/o top-2 channels: the two channels with the "
-        "largest mean |y| dropped. Spikes, layer of max grad norm (1-based, per seed) and attention entropy "
-        "(nats) from StabilityMonitor on the training batch at its last logging step.",
+        detail_table(items),
         "",
-        group_table(results, groups, chosen),
+        "## Claims over training",
         "",
-        *budget_lines(results, groups, chosen, meta),
+        "Every test again at each trajectory point (validation loss and depth statistics on the same fixed "
+        "batches): one letter per point, R reproduced, N not reproduced, . inconclusive (step 0 is the "
+        "initialisation).",
         "",
-        "## Learning-rate sensitivity (first seed, validation loss; bold: chosen)",
+        training_table(items),
         "",
-        lr_table(results, groups, chosen),
+        "![claims over training](claims_over_training.png)",
+        "",
+        "## Depth-wise growth",
+        "",
+        "Per run: ln(value at layer L / value at layer L/4) and the least-squares slope of ln value per layer over "
+        "layers L/4..L, mean [95% CI] (min-max) over the evaluation seeds. Reads: *grows* / *shrinks* when the 95% "
+        f"interval of the ln magnitude ratio excludes 0, *flat* when its 90% interval lies within +-{GROWTH_MARGIN:g}.",
+        "",
+        growth_table(growth),
+        "",
+        *growth_prose(growth),
+        "",
+        "## Schemes at matched rates",
+        "",
+        "Last layer: the last block's output on the fixed validation batches in eval mode at the end; mean-token "
+        "magnitude: mean over tokens of ||y_t||; median token: median over tokens (position 0 excluded); per "
+        "coordinate: the mean-token magnitude / sqrt(d), the scale to set beside a wider model's numbers.",
+        "",
+        matched_table(results, groups, design),
+        "",
+        "## Schemes at their best learning rate",
+        "",
+        "mean [95% t-interval] (min-max) over evaluation seeds; diverged runs are left out of the means. "
+        "w/o top-2 channels: the two channels with the largest mean |y| dropped. Spikes, layer of max grad norm "
+        "(1-based, per seed) and attention entropy (nats) from StabilityMonitor on the training batch at its "
+        "last logging step.",
+        "",
+        group_table(results, groups, design),
+        "",
+        *budget_lines(results, groups, design, meta),
+        "",
+        "## Learning-rate sensitivity (selection seed, validation loss; bold: kept)",
+        "",
+        lr_table(results, groups, design),
         "",
         divergence_edge(results),
         "",
@@ -929,21 +1161,21 @@ def write_report(
         "",
         "## Layer importance (loss increase on the first validation batch when one block is replaced by the identity)",
         "",
-        importance_table(results, groups, chosen),
+        importance_table(results, groups, design),
         "",
         "![layer importance](layer_importance.png)",
         "",
-        "## BHyT against BHyT* (the variance approximation of site B)",
+        "## Approximated against exact statistics (site B)",
         "",
         "Moment ratio: site B's approximated second moment over the exact one (1 = exact; below 1 the "
         "approximation under-predicts and site B's tanh argument grows), mean over layers, positions and seeds; "
-        "n/a where site B is exact (BHyT*, exact_layers).",
+        "n/a where site B is exact.",
         "",
-        approximation_table(results, groups, chosen),
+        approximation_table(results, groups, design, roles.get("BHyT*")),
         "",
-        "## Theorem condition lambda/kappa < 1/sqrt(L) (BHyT runs)",
+        "## Theorem condition lambda/kappa < 1/sqrt(L) (evaluation runs that record it)",
         "",
-        bound_table([r for g in groups for r in group_runs(results, g.label, chosen.get(g.label))]),
+        bound_table([r for r in results if r.spec.seed_index != SELECTION_SEED]),
         "",
         "## Figures",
         "",

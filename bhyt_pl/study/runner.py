@@ -10,17 +10,19 @@ runs follow one another in one process. What a run measures:
   for every run (token-weighted mean, ``LlamaLM.validation_step``);
 - ``tokens_per_sec``: training tokens / wall time of the training loop (model build, depth statistics
   and validation excluded; the first step, with its allocator warm-up, included);
-- depth statistics (docs/method.md, section 6, paper Figure 3): ``DepthStatsCollector`` on one fixed batch, in
-  eval mode, before the first step and after the last (magnitude = mean over tokens of ``||y_t||_2``,
-  variance = mean over tokens of ``Var_d(y_t)``, ``y`` a block output);
-- robust depth statistics (same pass): ``median_magnitude`` (median over tokens of ``||y_t||_2``,
+- depth statistics (docs/method.md, section 6, paper Figure 3): ``DepthStatsCollector`` on every fixed
+  validation batch, in eval mode, before the first step and after the last (magnitude = mean over tokens of
+  ``||y_t||_2``, variance = mean over tokens of ``Var_d(y_t)``, ``y`` a block output), with the validation
+  loss of the same forward passes (``val_loss``);
+- robust depth statistics (same pass): ``median_magnitude`` (median over the tokens of all batches of ``||y_t||_2``,
   position 0 left out: the first token often carries a massive activation), ``magnitude_top2_removed``
   (mean ``||y_t||_2`` after dropping the two channels with the largest mean ``|y|`` over the batch: the
   one or two massive channels the first blocks write dominate the plain magnitude);
-- trajectories: the depth statistics every ``trajectory_every`` optimizer steps (``TrajectoryRecorder``);
+- trajectories: the depth statistics and the validation loss at step 0, every ``trajectory_every`` optimizer
+  steps (``TrajectoryRecorder``) and at the end;
 - stability: ``StabilityMonitor`` on the training batch (``stability_every`` steps): the spike counts,
   the layer with the largest gradient norm and the last layer's attention entropy at each logging step;
-- layer importance: the loss on the depth-statistics batch (the first validation batch) with block ``i``
+- layer importance: the loss on the first validation batch with block ``i``
   replaced by the identity, minus the full model's, for every ``i`` (one block at a time;
   ``layer_importance``);
 - divergence: ``DivergenceMonitor`` stops the fit at the first optimizer step whose loss is NaN/inf or
@@ -77,6 +79,9 @@ fused float32 kernels round differently, and training amplifies that step by ste
 run": validation losses 0.009 apart where seeds spread 0.04)."""
 
 TRAJECTORY_STATS = ("magnitude", "variance", "median_magnitude", "magnitude_top2_removed", "saturation")
+"""Per-layer statistics kept at every trajectory point (``saturation``: mean over the tanh sites); each point
+also has its ``step`` and ``val_loss``."""
+_UNUSED = None
 """Per-layer statistics kept at every trajectory point (``saturation``: mean over the tanh sites)."""
 
 log = logging.getLogger(__name__)
@@ -98,6 +103,8 @@ class RunSpec:
         data_seed: shuffle seed of the training stream (the data order).
         group: the scheme entry of the study this run belongs to (``--schemes`` text, grid values joined
             with ``|``); runs of one group differ in seed, learning rate or a grid value.
+        candidate: the grid point of the group this run trains (its scheme label, e.g. ``dyt:alpha_attn=0.5``).
+        seed_index: the study's seed index (0: the selection seed; ``seed = base seed + seed_index``).
         max_loss: divergence bound on the training loss (NaN/inf always diverges).
         warmup_ratio, min_lr_ratio, weight_decay, grad_clip: optimisation settings as in ``recipes/tiny.yaml``;
             ``warmup_ratio`` and ``weight_decay`` None take the scheme's recipe (``NormScheme.training_defaults``,
@@ -118,6 +125,8 @@ class RunSpec:
     seed: int = 42
     data_seed: int = 42
     group: str = ""
+    candidate: str = ""
+    seed_index: int = 0
     max_loss: float = 12.0
     warmup_ratio: float | None = None
     min_lr_ratio: float = 0.1
@@ -153,6 +162,7 @@ class RunResult:
     spec: RunSpec
     status: str = "ok"
     n_layers: int = 0
+    dim: int = 0
     steps_done: int = 0
     diverged_step: int | None = None
     diverged_loss: float | None = None
@@ -250,21 +260,23 @@ class DivergenceMonitor(L.Callback):
             trainer.should_stop = True
 
 
-def _robust_hooks(model: nn.Module, out: dict[str, float], width: int) -> list[Any]:
-    """Forward hooks on every block that write the robust magnitudes of its output into ``out``."""
+def _robust_hooks(model: nn.Module, norms: dict[str, list[torch.Tensor]], top2: dict[str, list[float]], width: int):
+    """Forward hooks on every block that collect, per batch, its output's token norms (position 0 left out) and
+    the token norms without the batch's two largest mean-``|y|`` channels (summed, with the token count)."""
 
     def make(layer: str):
         def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> None:
             y = output.detach().float()  # [B, T, d]
             if y.shape[1] > 1:  # position 0 left out
-                out[f"median_magnitude/{layer}"] = float(y[:, 1:].norm(dim=-1).flatten().median())
-            else:
-                out[f"median_magnitude/{layer}"] = math.nan
+                norms.setdefault(layer, []).append(y[:, 1:].norm(dim=-1).flatten())
             if y.shape[-1] > 2:
                 channel_mean = y.abs().flatten(0, -2).mean(dim=0)  # [d]
                 keep = torch.ones_like(channel_mean, dtype=torch.bool)
                 keep[channel_mean.topk(2).indices] = False
-                out[f"magnitude_top2_removed/{layer}"] = float(y[..., keep].norm(dim=-1).mean())
+                kept = y[..., keep].norm(dim=-1)  # [B, T]
+                total = top2.setdefault(layer, [0.0, 0.0])
+                total[0] += float(kept.sum())
+                total[1] += kept.numel()
 
         return hook
 
@@ -273,29 +285,53 @@ def _robust_hooks(model: nn.Module, out: dict[str, float], width: int) -> list[A
 
 @torch.no_grad()
 @torch.compiler.set_stance("force_eager")  # hooks inside compiled blocks would break and recompile their graphs
-def depth_statistics(module: LlamaLM, batch: dict[str, torch.Tensor]) -> dict[str, float]:
-    """``DepthStatsCollector`` statistics of ``module``'s Llama on one batch, in eval mode, plus the robust
-    magnitudes ``median_magnitude`` and ``magnitude_top2_removed`` (module docstring). Compiled blocks run
-    eagerly here: one forward, and the hooks see exactly what an eager run's do.
+def depth_statistics(
+    module: LlamaLM, batches: dict[str, torch.Tensor] | list[dict[str, torch.Tensor]]
+) -> dict[str, float]:
+    """``DepthStatsCollector`` statistics of ``module``'s Llama over ``batches`` (token-weighted means over all of
+    them), in eval mode, plus the robust magnitudes ``median_magnitude`` (median over every token of every
+    batch) and ``magnitude_top2_removed`` (module docstring), and ``val_loss``: the token-weighted next-token
+    cross-entropy of the same forward passes (as ``LlamaLM.validation_step``). Compiled blocks run
+    eagerly here: the hooks see exactly what an eager run's do.
 
     Returns:
-        ``{"magnitude/layer_00": value, "variance/layer_00": ..., ...}``.
+        ``{"magnitude/layer_00": value, "variance/layer_00": ..., ..., "val_loss": value}``.
     """
+    batches = [batches] if isinstance(batches, dict) else list(batches)
     model = module.model
     was_training = model.training
     model.eval()
-    robust: dict[str, float] = {}
+    norms: dict[str, list[torch.Tensor]] = {}
+    top2: dict[str, list[float]] = {}
+    total, count = 0.0, 0
     try:
         device = next(model.parameters()).device
         collector = DepthStatsCollector(model)
-        handles = _robust_hooks(model, robust, collector.width)
+        handles = _robust_hooks(model, norms, top2, collector.width)
         try:
             with collector:
-                model(batch["input_ids"].to(device))
+                for batch in batches:
+                    logits = model(batch["input_ids"].to(device))
+                    if "labels" in batch:
+                        labels = batch["labels"].to(device)
+                        total += float(
+                            F.cross_entropy(
+                                logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100, reduction="sum"
+                            )
+                        )
+                        count += int((labels != -100).sum())
         finally:
             for handle in handles:
                 handle.remove()
-        return {**collector.compute(), **robust}
+        out = collector.compute()
+        for i in range(len(model.layers)):
+            layer = layer_key(i, collector.width)
+            values = norms.get(layer)
+            out[f"median_magnitude/{layer}"] = float(torch.cat(values).median()) if values else math.nan
+            if layer in top2:
+                out[f"magnitude_top2_removed/{layer}"] = top2[layer][0] / max(top2[layer][1], 1)
+        out["val_loss"] = total / count if count else math.nan
+        return out
     finally:
         model.train(was_training)
 
@@ -326,21 +362,23 @@ def trajectory_point(step: int, stats: dict[str, float]) -> dict[str, Any]:
             point[stat] = layer_series(stats, stat)
     point["magnitude_slope"] = log_slope(point["magnitude"])
     point["median_magnitude_slope"] = log_slope(point["median_magnitude"])
+    point["val_loss"] = stats.get("val_loss", math.nan)
     return point
 
 
 class TrajectoryRecorder(L.Callback):
-    """Depth statistics on a fixed batch (eval mode, no gradients) every ``every_n_steps`` optimizer steps.
+    """Depth statistics and validation loss on fixed batches (eval mode, no gradients) every ``every_n_steps``
+    optimizer steps.
 
     Args:
-        batch: the fixed batch the statistics are measured on (the same in every run of a study).
+        batches: the fixed batches the statistics are measured on (the same in every run of a study).
         every_n_steps: the cadence; the points are ``trajectory_point`` records in ``points``.
     """
 
-    def __init__(self, batch: dict[str, torch.Tensor], every_n_steps: int) -> None:
+    def __init__(self, batches: list[dict[str, torch.Tensor]], every_n_steps: int) -> None:
         if every_n_steps < 1:
             raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
-        self.batch, self.every_n_steps = batch, every_n_steps
+        self.batches, self.every_n_steps = batches, every_n_steps
         self.points: list[dict[str, Any]] = []
 
     @override
@@ -349,7 +387,7 @@ class TrajectoryRecorder(L.Callback):
     ) -> None:
         step = trainer.global_step
         if step % self.every_n_steps == 0 and step < trainer.max_steps and not trainer.should_stop:
-            self.points.append(trajectory_point(step, depth_statistics(pl_module, self.batch)))
+            self.points.append(trajectory_point(step, depth_statistics(pl_module, self.batches)))
 
 
 class EagerLoggingSteps(L.Callback):
@@ -542,7 +580,7 @@ def run_one(
         datamodule_factory: ``(data_seed) -> LightningDataModule``: a fresh data module with the study's
             data, sequence length and batch size, shuffled with ``data_seed`` (runs with the same data seed
             see the same batches in the same order).
-        val_batches: fixed validation batches; the first is the depth-statistics batch.
+        val_batches: fixed validation batches: validation loss and depth statistics at every trajectory point.
         settings: accelerator, devices, precision.
         out_dir: the study folder; logs go to ``out_dir/runs/<label>/``.
     """
@@ -550,7 +588,7 @@ def run_one(
     run_dir = out_dir / "runs" / run_dirname(spec.label)
     run_dir.mkdir(parents=True, exist_ok=True)
     monitor = DivergenceMonitor(spec.max_loss)
-    recorder = TrajectoryRecorder(val_batches[0], spec.trajectory_every) if spec.trajectory_every > 0 else None
+    recorder = TrajectoryRecorder(val_batches, spec.trajectory_every) if spec.trajectory_every > 0 else None
     memory = MemoryLogger()
     started = time.perf_counter()
     try:
@@ -574,10 +612,10 @@ def run_one(
             compile=settings.compile,
         )
         module.configure_model()  # built now (fit keeps it): the initial statistics see the weights that train
-        result.n_layers = module.config.n_layers
-        result.depth_init = depth_statistics(module, val_batches[0])
-        if recorder is not None:
-            recorder.points.append(trajectory_point(0, result.depth_init))
+        result.n_layers, result.dim = module.config.n_layers, module.config.dim
+        result.depth_init = depth_statistics(module, val_batches)
+        points = recorder.points if recorder is not None else []
+        points.append(trajectory_point(0, result.depth_init))
         callbacks: list[L.Callback] = [monitor] + ([recorder] if recorder is not None else [])
         if spec.stability_every > 0:
             stability = StabilityMonitor(
@@ -606,10 +644,10 @@ def run_one(
         )
         trainer.fit(module, datamodule=datamodule)
         result.steps_done = trainer.global_step
-        result.depth_final = depth_statistics(module, val_batches[0])
-        if recorder is not None:
-            recorder.points.append(trajectory_point(result.steps_done, result.depth_final))
-            result.trajectory = recorder.points
+        result.depth_final = depth_statistics(module, val_batches)
+        if monitor.diverged_step is None:  # a diverged run's end point is not a trained model's
+            points.append(trajectory_point(result.steps_done, result.depth_final))
+        result.trajectory = points
         result.variance_bound = _variance_bound(spec, module)
         if spec.stability_every > 0:
             result.stability = stability_summary(memory.metrics, result.n_layers)

@@ -1,4 +1,5 @@
-"""Seed statistics of the study: means with 95 % t-intervals, seed-paired differences and the verdict rules.
+"""Seed statistics of the study: means with t-intervals, seed-paired differences, the verdict rules as
+p-values (directional, non-inferiority, TOST equivalence) and Holm's adjustment over a family of claims.
 
 A study runs every scheme once per seed; seed ``i`` of two schemes shares the initialisation seed and
 the data order, so the claims compare schemes through the *paired* differences ``a_i - b_i`` (the
@@ -16,22 +17,31 @@ from dataclasses import dataclass
 from scipy import stats as _scipy_stats
 
 __all__ = [
-    "seeds_needed",
+    "ALPHA",
+    "DEPENDS",
+    "RULES",
     "Interval",
-    "Verdict",
+    "combine",
+    "holm",
     "interval",
+    "label_from_p",
+    "rule_p_values",
+    "seeds_needed",
     "paired_differences",
-    "verdict_approx",
-    "verdict_direction",
-    "verdict_no_worse",
 ]
 
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
+DEPENDS = "depends on the learning rate"
+ALPHA = 0.05
+"""Level of every test: a claim is reproduced when its p-value for the paper's side is below ``ALPHA``."""
+RULES = ("lower", "higher", "no_worse", "equivalent")
+"""Verdict rules of a claim on ``d = target - baseline`` (docs/method.md, section 10)."""
 
 
 @dataclass(frozen=True)
 class Interval:
-    """Mean, 95 % t-interval and min-max of ``n`` finite values (NaN bounds when ``n < 2``)."""
+    """Mean, ``confidence`` t-interval (95 % unless told) and min-max of ``n`` finite values (NaN bounds when
+    ``n < 2``)."""
 
     n: int
     mean: float
@@ -39,17 +49,24 @@ class Interval:
     high: float
     minimum: float
     maximum: float
+    confidence: float = 0.95
 
     @property
     def defined(self) -> bool:
         return self.n >= 2 and math.isfinite(self.low) and math.isfinite(self.high)
 
     @property
+    def se(self) -> float:
+        """Standard error of the mean (NaN when undefined); from the interval, whatever its confidence."""
+        return self.sd / math.sqrt(self.n) if self.defined else math.nan
+
+    @property
     def sd(self) -> float:
         """The sample standard deviation the interval was built from (NaN when undefined)."""
         if not self.defined:
             return math.nan
-        return (self.high - self.mean) * math.sqrt(self.n) / float(_scipy_stats.t.ppf(0.975, self.n - 1))
+        t = float(_scipy_stats.t.ppf(0.5 + self.confidence / 2, self.n - 1))
+        return (self.high - self.mean) * math.sqrt(self.n) / t
 
 
 def interval(values: Sequence[float], confidence: float = 0.95) -> Interval:
@@ -63,7 +80,7 @@ def interval(values: Sequence[float], confidence: float = 0.95) -> Interval:
         return Interval(n, mean, math.nan, math.nan, min(finite), max(finite))
     sd = math.sqrt(sum((v - mean) ** 2 for v in finite) / (n - 1))
     half = float(_scipy_stats.t.ppf(0.5 + confidence / 2, n - 1)) * sd / math.sqrt(n)
-    return Interval(n, mean, mean - half, mean + half, min(finite), max(finite))
+    return Interval(n, mean, mean - half, mean + half, min(finite), max(finite), confidence)
 
 
 def paired_differences(a: dict[int, float], b: dict[int, float]) -> list[float]:
@@ -73,54 +90,6 @@ def paired_differences(a: dict[int, float], b: dict[int, float]) -> list[float]:
         for s in sorted(set(a) & set(b))
         if a[s] is not None and b[s] is not None and math.isfinite(a[s]) and math.isfinite(b[s])
     ]
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """The verdict on one claim and the rule that produced it."""
-
-    label: str
-    rule: str
-
-
-def verdict_direction(diff: Interval, expected_sign: int) -> Verdict:
-    """``expected_sign`` -1: the paper says the difference is negative. Reproduced when the interval excludes
-    0 on that side, not reproduced when it excludes 0 on the other, else inconclusive."""
-    rule = f"95% CI of the paired difference {'< 0' if expected_sign < 0 else '> 0'}"
-    if not diff.defined:
-        return Verdict(INCONCLUSIVE, rule + f" (only {diff.n} finite pairs)")
-    low, high = (diff.low, diff.high) if expected_sign > 0 else (-diff.high, -diff.low)
-    if low > 0:
-        return Verdict(REPRODUCED, rule)
-    if high < 0:
-        return Verdict(NOT_REPRODUCED, rule)
-    return Verdict(INCONCLUSIVE, rule + " (the CI contains 0)")
-
-
-def verdict_no_worse(diff: Interval, margin: float = 0.02) -> Verdict:
-    """ "A no worse than B" on ``diff = A - B`` (lower is better): reproduced when the upper bound is below
-    ``+margin``, not reproduced when the lower bound is above it, else inconclusive."""
-    rule = f"upper 95% bound of the paired difference < +{margin:g}"
-    if not diff.defined:
-        return Verdict(INCONCLUSIVE, rule + f" (only {diff.n} finite pairs)")
-    if diff.high < margin:
-        return Verdict(REPRODUCED, rule)
-    if diff.low > margin:
-        return Verdict(NOT_REPRODUCED, rule)
-    return Verdict(INCONCLUSIVE, rule + " (the CI straddles the margin)")
-
-
-def verdict_approx(diff: Interval, margin: float = 0.05) -> Verdict:
-    """ "A ~ B": reproduced when the whole interval lies within ``+-margin``, not reproduced when it lies
-    entirely outside, else inconclusive."""
-    rule = f"95% CI of the paired difference within +-{margin:g}"
-    if not diff.defined:
-        return Verdict(INCONCLUSIVE, rule + f" (only {diff.n} finite pairs)")
-    if -margin < diff.low and diff.high < margin:
-        return Verdict(REPRODUCED, rule)
-    if diff.low > margin or diff.high < -margin:
-        return Verdict(NOT_REPRODUCED, rule)
-    return Verdict(INCONCLUSIVE, rule + " (the CI crosses the margin)")
 
 
 def seeds_needed(diff: Interval, room: float, limit: int = 1000) -> int | None:
@@ -135,3 +104,73 @@ def seeds_needed(diff: Interval, room: float, limit: int = 1000) -> int | None:
         if float(_scipy_stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n) < room:
             return n
     return None
+
+
+def _t_sf(mean: float, se: float, at: float, n: int) -> float:
+    """One-sided p-value ``P(T >= (mean - at) / se)`` of a t-test with ``n - 1`` degrees of freedom."""
+    if se == 0:
+        return 0.0 if mean > at else (1.0 if mean < at else 0.5)
+    return float(_scipy_stats.t.sf((mean - at) / se, n - 1))
+
+
+def rule_p_values(diff: Interval, rule: str, margin: float = 0.0) -> tuple[float, float]:
+    """``(p_for, p_against)`` of a claim on the paired difference ``d = target - baseline``: the claim is
+    reproduced when ``p_for < ALPHA`` and not reproduced when ``p_against < ALPHA`` (NaN: fewer than 2 pairs).
+
+    - ``lower`` (the paper: ``d < 0``) / ``higher``: two-sided t-test of ``d = 0``, split by side; p_for < 0.05
+      exactly when the 95 % interval excludes 0 on the paper's side, p_against when it does on the other.
+    - ``no_worse`` (``d < margin``, lower is better): the same about ``margin`` instead of 0 (the upper 95 %
+      bound below ``+margin``; against: the lower bound above it).
+    - ``equivalent`` (``|d| < margin``, TOST): p_for is the larger of the two one-sided p-values of
+      ``d <= -margin`` and ``d >= +margin``, below 0.05 exactly when the 90 % interval lies inside
+      ``+-margin``; p_against (twice the smaller one-sided p of ``d`` beyond a margin) when the 95 %
+      interval lies wholly outside it.
+    """
+    if rule not in RULES:
+        raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
+    if rule in ("no_worse", "equivalent") and not margin > 0:
+        raise ValueError(f"rule {rule!r} needs a margin > 0, got {margin}")
+    if not diff.defined:
+        return math.nan, math.nan
+    se, n, m = diff.se, diff.n, diff.mean
+    if rule in ("lower", "higher", "no_worse"):
+        at = margin if rule == "no_worse" else 0.0
+        above = _t_sf(m, se, at, n)  # P(T >= t): small when d is clearly above ``at``
+        below = _t_sf(-m, se, -at, n)  # small when d is clearly below ``at``
+        p_for, p_against = (above, below) if rule == "higher" else (below, above)
+        return min(1.0, 2 * p_for), min(1.0, 2 * p_against)
+    above_low = _t_sf(m, se, -margin, n)  # H0: d <= -margin
+    below_high = _t_sf(-m, se, -margin, n)  # H0: d >= +margin
+    p_for = max(above_low, below_high)
+    outside = min(_t_sf(m, se, margin, n), _t_sf(-m, se, margin, n))  # d > +margin or d < -margin
+    return p_for, min(1.0, 2 * outside)
+
+
+def label_from_p(p_for: float, p_against: float, alpha: float = ALPHA) -> str:
+    """The verdict of one test from its two p-values (NaN: inconclusive)."""
+    if math.isfinite(p_for) and p_for < alpha:
+        return REPRODUCED
+    if math.isfinite(p_against) and p_against < alpha:
+        return NOT_REPRODUCED
+    return INCONCLUSIVE
+
+
+def combine(labels: Sequence[str]) -> str:
+    """One verdict over several learning rates: the common verdict, else "depends on the learning rate"."""
+    if not labels:
+        return INCONCLUSIVE
+    return labels[0] if all(label == labels[0] for label in labels) else DEPENDS
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (family-wise error control over the whole family); NaN entries
+    stay NaN and are not counted in the family. Adjusted ``p_(i) = max_{j <= i} min(1, (m - j + 1) p_(j))``
+    over the ``m`` finite p-values sorted ascending."""
+    finite = sorted((p, i) for i, p in enumerate(p_values) if p is not None and math.isfinite(p))
+    m = len(finite)
+    adjusted = [math.nan] * len(p_values)
+    running = 0.0
+    for rank, (p, i) in enumerate(finite):
+        running = max(running, min(1.0, (m - rank) * p))
+        adjusted[i] = running
+    return adjusted

@@ -1,5 +1,5 @@
-"""Seed aggregation of the study: t-intervals against a hand computation, paired differences, the verdict
-rules, and the first-seed learning-rate choice."""
+"""Seed aggregation of the study: t-intervals, the verdict rules' p-values (directional, non-inferiority, TOST)
+and Holm's adjustment against hand computations, paired differences, and the selection-seed choice."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 import pytest
 
 from bhyt_pl.study import stats
-from bhyt_pl.study.plan import choose, parse_group, seed_specs, selection_specs
+from bhyt_pl.study.plan import choose, parse_group, selection_specs
 from bhyt_pl.study.runner import RunResult, RunSpec
 
 
@@ -36,48 +36,72 @@ def test_paired_differences_pair_by_seed_and_skip_diverged() -> None:
     assert stats.paired_differences(a, b) == [-0.5, 0.5]
 
 
-def _iv(low: float, high: float) -> stats.Interval:
-    return stats.Interval(3, (low + high) / 2, low, high, low, high)
+def _t2_cdf(t: float) -> float:
+    """Student t CDF with 2 degrees of freedom in closed form: 1/2 + t / (2 sqrt(2 + t^2))."""
+    return 0.5 + t / (2 * math.sqrt(2 + t * t))
 
 
-@pytest.mark.parametrize(
-    ("low", "high", "sign", "label"),
-    [
-        (-0.3, -0.1, -1, "reproduced"),
-        (0.1, 0.3, -1, "not reproduced"),
-        (-0.1, 0.1, -1, "inconclusive"),
-        (0.1, 0.3, 1, "reproduced"),
-    ],
-)
-def test_direction_rule(low: float, high: float, sign: int, label: str) -> None:
-    assert stats.verdict_direction(_iv(low, high), sign).label == label
+def test_directional_p_values_by_hand() -> None:
+    # values -0.3, -0.2, -0.25: mean -0.25, sd 0.05, se 0.05/sqrt(3); t = -8.660 with 2 df
+    iv = stats.interval([-0.3, -0.2, -0.25])
+    t = -0.25 / (0.05 / math.sqrt(3))
+    p_for, p_against = stats.rule_p_values(iv, "lower")
+    assert p_for == pytest.approx(2 * _t2_cdf(t), rel=1e-6) and p_against == 1.0
+    assert stats.label_from_p(p_for, p_against) == "reproduced" and iv.high < 0  # the 95% CI excludes 0
+    p_for, p_against = stats.rule_p_values(iv, "higher")
+    assert p_against == pytest.approx(2 * _t2_cdf(t)) and stats.label_from_p(p_for, p_against) == "not reproduced"
 
 
-@pytest.mark.parametrize(
-    ("low", "high", "label"),
-    [(-0.2, 0.019, "reproduced"), (0.021, 0.1, "not reproduced"), (-0.1, 0.05, "inconclusive")],
-)
-def test_no_worse_rule_uses_the_upper_bound_and_a_002_margin(low: float, high: float, label: str) -> None:
-    assert stats.verdict_no_worse(_iv(low, high)).label == label
+def test_no_worse_p_values_by_hand() -> None:
+    # values 0.0, 0.01, 0.02: mean 0.01, sd 0.01; margin 0.02: t = (0.01 - 0.02) / (0.01/sqrt(3)) = -1.732
+    iv = stats.interval([0.0, 0.01, 0.02])
+    p_for, _ = stats.rule_p_values(iv, "no_worse", 0.02)
+    assert p_for == pytest.approx(2 * _t2_cdf(-math.sqrt(3)), rel=1e-6)  # 0.225: the upper 95% bound 0.035 > 0.02
+    assert stats.label_from_p(*stats.rule_p_values(iv, "no_worse", 0.02)) == "inconclusive"
+    assert stats.label_from_p(*stats.rule_p_values(iv, "no_worse", 0.04)) == "reproduced"  # 0.035 < 0.04
 
 
-@pytest.mark.parametrize(
-    ("low", "high", "label"),
-    [
-        (-0.04, 0.049, "reproduced"),
-        (0.06, 0.2, "not reproduced"),
-        (-0.2, -0.051, "not reproduced"),
-        (0.0, 0.1, "inconclusive"),
-    ],
-)
-def test_approx_rule_within_005(low: float, high: float, label: str) -> None:
-    assert stats.verdict_approx(_iv(low, high)).label == label
+@pytest.mark.parametrize(("margin", "label"), [(0.05, "reproduced"), (0.04, "inconclusive")])
+def test_tost_by_hand(margin: float, label: str) -> None:
+    # values 0.01, 0.03, -0.01: mean 0.01, sd 0.02, se 0.02/sqrt(3); 90% CI = 0.01 +- 2.919986 se = [-0.0237, 0.0437]
+    values = [0.01, 0.03, -0.01]
+    se = 0.02 / math.sqrt(3)
+    iv = stats.interval(values)
+    p_for, p_against = stats.rule_p_values(iv, "equivalent", margin)
+    expected = max(1 - _t2_cdf((0.01 + margin) / se), _t2_cdf((0.01 - margin) / se))
+    assert p_for == pytest.approx(expected, rel=1e-6)  # 0.0371 at 0.05, 0.0609 at 0.04
+    assert stats.label_from_p(p_for, p_against) == label
+    ninety = stats.interval(values, confidence=0.90)
+    assert ninety.high == pytest.approx(0.01 + 2.919986 * se, rel=1e-5)
+    assert (ninety.high < margin and ninety.low > -margin) == (label == "reproduced")
+
+
+def test_tost_not_reproduced_when_the_interval_lies_outside_the_margin() -> None:
+    iv = stats.interval([0.3, 0.31, 0.32])
+    p_for, p_against = stats.rule_p_values(iv, "equivalent", 0.05)
+    assert p_for > 0.5 and stats.label_from_p(p_for, p_against) == "not reproduced" and iv.low > 0.05
+
+
+def test_holm_by_hand() -> None:
+    # 4 finite p-values sorted 0.005, 0.01, 0.03, 0.04 -> x4, x3, x2, x1 = 0.02, 0.03, 0.06, 0.04 -> monotone 0.06
+    adjusted = stats.holm([0.01, 0.04, 0.03, math.nan, 0.005])
+    assert adjusted[:3] == pytest.approx([0.03, 0.06, 0.06]) and adjusted[4] == pytest.approx(0.02)
+    assert math.isnan(adjusted[3])
+    assert stats.holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])  # capped at 1, then monotone
+
+
+def test_combine_over_rates() -> None:
+    assert stats.combine(["reproduced", "reproduced"]) == "reproduced"
+    assert stats.combine(["reproduced", "not reproduced"]) == "depends on the learning rate"
+    assert stats.combine([]) == "inconclusive"
 
 
 def test_undefined_interval_is_inconclusive() -> None:
     one = stats.interval([0.5])
-    for verdict in (stats.verdict_direction(one, -1), stats.verdict_no_worse(one), stats.verdict_approx(one)):
-        assert verdict.label == "inconclusive"
+    for rule, margin in (("lower", 0.0), ("no_worse", 0.02), ("equivalent", 0.05)):
+        assert stats.label_from_p(*stats.rule_p_values(one, rule, margin)) == "inconclusive"
+    with pytest.raises(ValueError, match="rule must be one of"):
+        stats.rule_p_values(one, "smaller")
 
 
 def test_lr_selection_picks_lowest_validation_loss_and_skips_diverged() -> None:
@@ -97,11 +121,7 @@ def test_lr_selection_picks_lowest_validation_loss_and_skips_diverged() -> None:
     results[1].status = "diverged"  # the lowest loss, but diverged: not eligible
     winner = choose(results)
     assert winner.spec.label == "dyt:alpha_attn=1.0@lr0.001-s0"
-    rest = seed_specs(group, winner, 3, base)
-    assert [(s.label, s.lr, s.seed, s.data_seed) for s in rest] == [
-        ("dyt:alpha_attn=1.0@lr0.001-s1", 1e-3, 43, 8),
-        ("dyt:alpha_attn=1.0@lr0.001-s2", 1e-3, 44, 9),
-    ]
+    assert [(s.seed_index, s.seed, s.data_seed, s.candidate) for s in specs[:1]] == [(0, 42, 7, "dyt:alpha_attn=0.5")]
 
 
 def test_lr_selection_ties_keep_the_first() -> None:

@@ -18,7 +18,7 @@ from bhyt_pl.study.report import GROUP_COLUMNS
 from bhyt_pl.study.runner import DivergenceMonitor, log_slope
 
 # a tiny budget on top of --quick: 2 layers, a few steps of 2 x 32 tokens
-TINY = ["--quick", "--layers", "2", "--steps", "3", "--seq-len", "32", "--batch-size", "2", "--val-batches", "1"]
+TINY = ["--quick", "--layers", "2", "--steps", "3", "--seq-len", "32", "--batch-size", "2", "--val-batches", "4"]
 TINY += ["--shuffle-buffer", "4", "--workers", "1", "--no-compile"]  # in this process: monkeypatched runs apply
 
 
@@ -27,40 +27,55 @@ def _runs(out: Path) -> dict[str, dict]:
 
 
 @pytest.mark.slow
-def test_quick_study_seeds_lr_selection_claims_and_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_quick_study_protocol_v3_end_to_end_and_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "study"
     argv = [*TINY, "--seeds", "2", "--lrs", "1e-3", "3e-3", "--trajectory-every", "2", "--steps", "4"]
     argv += ["--schemes", "rmsnorm", "bhyt", "--out", str(out)]
     assert main(argv) == 0
-    for name in ("report.md", "results.json", "depth_final.png", "trajectories.png", "lr_sensitivity.png"):
+    for name in ("report.md", "results.json", "depth_final.png", "trajectories.png", "claims_over_training.png"):
         assert (out / name).stat().st_size > 0, name
     assert (out / "layer_importance.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     document = json.loads((out / "results.json").read_text())
     runs = {r["spec"]["label"]: r for r in document["runs"]}
-    # selection: every scheme x lr on seed 0 (grids: tests/study/test_stats.py), then one more seed per group
-    first = [label for label in runs if label.endswith("-s0")]
-    assert len(first) == 4 and len(runs) == 6
-    for group, label in document["chosen"].items():
-        pool = [r for r in runs.values() if r["spec"]["group"] == group and r["spec"]["label"].endswith("-s0")]
-        assert runs[label]["val_loss"] == min(r["val_loss"] for r in pool)  # lowest validation loss wins
-        second = [r for r in runs.values() if r["spec"]["group"] == group and r["spec"]["label"].endswith("-s1")]
-        assert len(second) == 1 and second[0]["spec"]["lr"] == runs[label]["spec"]["lr"]
-        assert second[0]["spec"]["norm_args"] == runs[label]["spec"]["norm_args"]
-        assert second[0]["spec"]["seed"] == runs[label]["spec"]["seed"] + 1
-        assert second[0]["spec"]["data_seed"] == runs[label]["spec"]["data_seed"] + 1
-    r = runs[document["chosen"]["rmsnorm"]]
-    assert r["status"] == "ok" and r["steps_done"] == 4 and r["n_layers"] == 2
+    design = document["design"]
+    # selection: 2 schemes x 2 lrs on the selection seed (no extension with --quick); both rates are matched
+    # (every group trained at both), so each group's best rate coincides with one: 2 rates x 2 evaluation seeds
+    assert len([label for label in runs if label.endswith("-s0")]) == 4 and len(runs) == 4 + 8
+    assert design["matched_lrs"] == [1e-3, 3e-3]
+    for group, s in design["selections"].items():
+        pool = [runs[label] for label in s["selection_runs"]]
+        assert runs[s["run"]]["val_loss"] == min(r["val_loss"] for r in pool)  # lowest validation loss wins
+        assert s["budget"] == 2 and s["extensions"] == []
+        evaluation = [r for r in runs.values() if r["spec"]["group"] == group and r["spec"]["seed_index"] > 0]
+        assert sorted((r["spec"]["lr"], r["spec"]["seed"]) for r in evaluation) == [
+            (1e-3, 43),
+            (1e-3, 44),
+            (3e-3, 43),
+            (3e-3, 44),
+        ]
+    r = runs["rmsnorm@lr0.001-s1"]
+    assert r["status"] == "ok" and r["steps_done"] == 4 and r["n_layers"] == 2 and r["dim"] == 128
     assert [p["step"] for p in r["trajectory"]] == [0, 2, 4]
     for point in r["trajectory"]:
         assert len(point["magnitude"]) == len(point["median_magnitude"]) == len(point["magnitude_top2_removed"]) == 2
         # dropping channels can only shrink every token's norm
         assert all(t < m for t, m in zip(point["magnitude_top2_removed"], point["magnitude"], strict=True))
+    # the last trajectory point's loss is the validation loss on the same fixed batches
+    assert r["trajectory"][-1]["val_loss"] == pytest.approx(r["val_loss"], rel=1e-4)
     assert len(r["importance"]) == 2 and math.isfinite(r["importance_base_loss"])
-    assert r["importance_base_loss"] == pytest.approx(r["val_loss"], rel=1e-4)  # same batches, same loss
     assert r["stability"]["steps"] and r["stability"]["steps"][-1]["max_grad_layer"] in (1, 2)
+    claims = {(c["statement"], c["groups"]["target"], c["groups"]["baseline"]): c for c in document["claims"]}
+    loss = claims[("BHyT's loss is no worse than RMSNorm's", "bhyt", "rmsnorm")]
+    (test,) = loss["tests"]
+    assert test["runs"]["target"] == [
+        f"{design['selections']['bhyt']['candidate']}@lr{test['lrs']['target']:g}-s{i}" for i in (1, 2)
+    ]
+    magnitude = claims[("BHyT has the lowest last-layer magnitude", "bhyt", "rmsnorm")]
+    assert [t["rate"] for t in magnitude["tests"]] == ["0.001", "0.003"]
+    assert [p["step"] for p in magnitude["tests"][0]["over_training"]] == [0, 2, 4]
     text = (out / "report.md").read_text()
     assert "| " + " | ".join(GROUP_COLUMNS) + " |" in text
-    assert "| BHyT's loss is no worse than RMSNorm's | val loss bhyt - rmsnorm | 2 |" in text
+    assert "| claim | arm | rate(s) | difference [95 % CI] | verdict | Holm-adjusted verdict |" in text
     bound = next(r["variance_bound"] for r in runs.values() if r["variance_bound"])
     assert bound["n_layers"] == 2 and bound["threshold"] == pytest.approx(1 / math.sqrt(2))
     assert "| lr 0.001 | lr 0.003 |" in text and "**" in text
@@ -73,7 +88,7 @@ def test_quick_study_seeds_lr_selection_claims_and_resume(tmp_path: Path, monkey
     before = (out / "results.json").read_text()
     assert main(argv) == 0
     again = json.loads((out / "results.json").read_text())
-    assert again["meta"]["runs_reused"] == 6
+    assert again["meta"]["runs_reused"] == 12
     assert [r["val_loss"] for r in again["runs"]] == [r["val_loss"] for r in json.loads(before)["runs"]]
 
 
@@ -83,7 +98,7 @@ def test_resume_retrains_only_the_missing_run(tmp_path: Path, monkeypatch: pytes
     argv = [*TINY, "--seeds", "2", "--lrs", "1e-3", "--steps", "2", "--schemes", "rmsnorm", "--out", str(out)]
     argv += ["--trajectory-every", "0", "--no-importance"]
     assert main(argv) == 0
-    (out / "runs" / "rmsnorm@lr0.001-s1" / "result.json").unlink()  # as if killed during the second seed
+    (out / "runs" / "rmsnorm@lr0.001-s1" / "result.json").unlink()  # as if killed during the first evaluation seed
     trained: list[str] = []
     real = command.run_one
 
@@ -110,7 +125,8 @@ def test_divergent_runs_are_reported_and_keep_partial_logs(tmp_path: Path) -> No
         assert r["steps_done"] == r["diverged_step"]  # stopped there, not trained on
         assert (out / r["log_dir"] / "metrics.csv").read_text().count("\n") >= 2  # header + logged steps
         assert len(r["losses"]) == r["diverged_step"]
-    assert "yes, step" in (out / "report.md").read_text()
+    text = (out / "report.md").read_text()
+    assert "none trained: " in text and "yes, step" in text and "diverged @" in text
 
 
 @pytest.mark.slow
@@ -191,6 +207,10 @@ def test_divergence_monitor_rejects_bad_bound() -> None:
         (["--lrs", "1e-3", "1e-3"], "--lrs has duplicates"),
         (["--seeds", "0"], "--seeds must be >= 1"),
         (["--workers", "0"], "--workers must be >= 1"),
+        (["--val-batches", "2"], "--val-batches must be >= 4"),
+        (["--extensions", "-1"], "--extensions must be >= 0"),
+        (["--matched-lrs", "0"], "--matched-lrs must be > 0"),
+        (["--roles", "DyT"], "must be ROLE=GROUP"),
     ],
 )
 def test_argument_errors(argv: list[str], match: str) -> None:
@@ -211,6 +231,9 @@ def test_progress_line_says_run_k_of_n_and_the_time_left() -> None:
     assert command.progress_line(9, 10, 18.0) == "study: run 9 of 10 done; about 2 s left"
     assert command.progress_line(10, 10, 100.0) == "study: run 10 of 10 done"
     assert command.progress_line(2, 10, 0.0, reused=2) == "study: run 2 of 10 done"  # no pace yet
+    # while the protocol may still add runs (grid extensions, the matched arm) both figures are lower bounds
+    line = command.progress_line(3, 10, 60.0, final=False)
+    assert line == "study: run 3 of at least 10 done; about 2.3 min left (at least)"
 
 
 def test_quick_defaults_are_smaller_than_full() -> None:
@@ -218,7 +241,8 @@ def test_quick_defaults_are_smaller_than_full() -> None:
     full, overrides = resolve(parser().parse_args([]))
     assert full.preset == "deep-32x128" and overrides == {}
     assert quick.steps * quick.seq_len * (quick.layers or 32) < full.steps * full.seq_len * 32
-    assert full.seeds >= 3 and quick.seeds >= 3 and len(full.lrs) >= 3
+    assert full.seeds >= 3 and quick.seeds >= 2 and len(full.lrs) >= 3
+    assert full.val_batches >= 4 and quick.val_batches >= 4 and full.extensions == 1
 
 
 @pytest.mark.parametrize(
@@ -232,7 +256,7 @@ def test_removed_flags_name_their_replacement(flag: str, replacement: str, capsy
 
 def test_help_shows_seeds_lrs_and_workers() -> None:
     text = parser().format_help()
-    for flag in ("--seeds", "--lrs", "--workers", "--schemes", "--trajectory-every"):
+    for flag in ("--seeds", "--lrs", "--workers", "--schemes", "--trajectory-every", "--matched-lrs", "--extensions"):
         assert flag in text
     assert "--seed " not in text and "--lr " not in text  # removed flags stay hidden
 
