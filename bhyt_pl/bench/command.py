@@ -34,6 +34,8 @@ PARTS = ("sites", "tanh", "train", "generate", "memory", "step_memory", "prenorm
 DEFAULT_PARTS = PARTS[:6]
 """What a bare ``bench`` runs; ``prenorm``, ``train_ratio``, ``decode`` and ``study_run`` are asked for by name."""
 BASELINE = "rmsnorm"
+STUDY_RUN_SCHEMES = (BASELINE, "bhyt")
+"""The schemes ``--parts study_run`` times by default: the study's cost claim is about these two."""
 """The variant every run includes and the ratios divide by; the transformers and litgpt peers are built from it."""
 
 PEER = "hf_transformers"
@@ -99,9 +101,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--study-steps", type=int, default=None, help="study_run: steps per run (default: the study's, 180)")
     p.add_argument("--study-repeats", type=int, default=2, help="study_run: runs per scheme and path")
     p.add_argument(
+        "--study-schemes",
+        nargs="+",
+        default=list(STUDY_RUN_SCHEMES),
+        help="study_run: the registered schemes whose one study run is timed eager and compiled",
+    )
+    p.add_argument(
         "--parts",
         default=",".join(DEFAULT_PARTS),
-        help=f"subset of {','.join(PARTS)} (default: the first six; study_run: rmsnorm and bhyt)",
+        help=f"subset of {','.join(PARTS)} (default: the first six)",
     )
     p.add_argument(
         "--peers",
@@ -147,6 +155,7 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         "mem_seq_len": args.mem_seq_len,
         "study_steps": args.study_steps,
         "study_repeats": args.study_repeats,
+        "study_schemes": args.study_schemes,
         "decode_sizes": [t for t in args.decode_sizes.split(",") if t],
         "attn_implementation": "sdpa (torch.nn.functional.scaled_dot_product_attention) in both",
         "compile_path": "torch.compile of each block in place (Block.compile(dynamic=False)); generation: "
@@ -194,8 +203,7 @@ def run(settings: dict[str, Any]) -> dict[str, Any]:
     try:
         torch.set_num_threads(settings["threads"])
         if "study_run" in settings["parts"]:  # first, with the study's own dynamo limits
-            names = [v for v in settings["schemes"] if v in ("rmsnorm", "bhyt")] or settings["schemes"][:2]
-            study = study_run_table(names, settings["study_steps"], settings["study_repeats"])
+            study = study_run_table(settings["study_schemes"], settings["study_steps"], settings["study_repeats"])
             if settings["parts"] == ["study_run"]:
                 return {"machine": machine_info(torch.device("cpu")), "settings": settings, "study_run": study}
         for k in limits:  # one compiled graph per scheme and shape: far more than the default 8
