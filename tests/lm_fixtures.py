@@ -32,6 +32,10 @@ class TokenDataModule(L.LightningDataModule):
         self.seq_len, self.batch_size, self.vocab, self.n = seq_len, batch_size, vocab, n
         self.tokenizer = "embedded"
 
+    def run_facts(self) -> dict[str, int]:
+        """The run facts a data module declares (``bhyt_pl.run_config.RunFactsSource``), as C4DataModule does."""
+        return {"seq_len": self.seq_len, "batch_size": self.batch_size}
+
     def train_dataloader(self) -> DataLoader:
         data = _Windows(self.n, self.seq_len, self.vocab, 0)
         if self.trainer is not None and self.trainer.world_size > 1:

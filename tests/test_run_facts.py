@@ -301,15 +301,19 @@ def test_study_binds_its_sequence_length_and_a_new_fact(tmp_path: Path, monkeypa
 
     runner_cls = runner.LlamaLM
     monkeypatch.setattr(runner, "LlamaLM", recording)
-    tiny = ["--quick", "--layers", "2", "--steps", "1", "--seq-len", "24", "--batch-size", "2", "--val-batches", "1",
+    tiny = ["--quick", "--layers", "2", "--steps", "1", "--seq-len", "24", "--batch-size", "2", "--val-batches", "4",
             "--seeds", "1", "--lrs", "3e-3", "--no-importance"]  # fmt: skip
     schemes = ["--schemes", "bhyt", "batch_probe"]
     argv = [*tiny, "--shuffle-buffer", "4", "--workers", "1", "--no-compile", *schemes]  # in-process: patched
     assert main([*argv, "--out", str(tmp_path / "study")]) == 0
-    bhyt, probe = built
-    assert bhyt.config.norm_args["seq_len"] == 24
-    assert_model_uses_T(bhyt.model, 24)
-    assert probe.config.norm_scheme().batch_size == 2
+    by_norm: dict[str, list[LlamaLM]] = {}
+    for lm in built:  # selection and evaluation runs of both groups
+        by_norm.setdefault(lm.config.norm, []).append(lm)
+    assert set(by_norm) == {"bhyt", "batch_probe"}
+    for lm in by_norm["bhyt"]:
+        assert lm.config.norm_args["seq_len"] == 24
+        assert_model_uses_T(lm.model, 24)
+    assert all(lm.config.norm_scheme().batch_size == 2 for lm in by_norm["batch_probe"])
 
 
 def test_bench_binds_its_sequence_length_and_a_new_fact() -> None:
