@@ -258,6 +258,29 @@ def test_slurm_requeue_signal_saves_last_requeues_and_the_requeued_job_resumes(t
     assert cli.trainer.logger.log_dir == str(runs / RUN / "version_0")
 
 
+def test_a_failed_slurm_requeue_saves_last_and_exits_non_zero(tmp_path: Path, monkeypatch, caplog) -> None:
+    """Exit 0 tells SLURM the job ended well; when ``scontrol requeue`` fails nothing will resume it, so the
+    run exits 1 and says how to resume by hand."""
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "scontrol").write_text("#!/bin/sh\nexit 3\n")
+    (fake_bin / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake_bin}{os.pathsep}{os.environ['PATH']}")
+    slurm = {"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "train", "SLURM_JOB_ID": "4242", "SLURM_PROCID": "0",
+             "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NODELIST": "localhost"}  # fmt: skip
+    for key, value in slurm.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(tmp_path)
+    runs = tmp_path / "runs"
+    cli = main(fit_args(runs, 4, "--trainer.enable_progress_bar", "false")[1:], run=False)
+    cli.trainer.callbacks.insert(0, SignalAt(2, signal.SIGUSR1))
+    with caplog.at_level("INFO"), pytest.raises(SystemExit) as exit_:
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert exit_.value.code == 1 and cli.trainer.global_step == 2
+    assert saved_step(runs / RUN / "version_0" / "checkpoints" / "last.ckpt") == 2
+    assert "`scontrol requeue 4242` failed (3); resume with --ckpt_path last" in caplog.text
+
+
 def test_resuming_a_finished_run_says_it_is_complete(trained: Path, tmp_path: Path, capsys) -> None:
     """It trained nothing and said nothing."""
     runs = copy_runs(trained, tmp_path)

@@ -44,10 +44,13 @@ __all__ = ["Requeued", "RunCheckpoint", "StoppedByCtrlC", "checkpoint_bytes", "s
 
 
 def checkpoint_bytes(pl_module: L.LightningModule) -> int:
-    """Estimated size of one full checkpoint: the module's state dict plus AdamW's two moments (each the
-    size of its parameter) for every trainable parameter. Global sizes, also under FSDP (DTensors)."""
-    state = sum(t.numel() * t.element_size() for t in pl_module.state_dict().values() if hasattr(t, "numel"))
-    moments = sum(2 * p.numel() * p.element_size() for p in pl_module.parameters() if p.requires_grad)
+    """Estimated size of one full checkpoint: the parameters and buffers plus AdamW's two moments (each the
+    size of its parameter) for every trainable parameter. Global sizes under FSDP2 (a DTensor's ``numel`` is
+    its global one). Read from the tensors, not from ``state_dict()``: under FSDP1 that is a collective, and
+    only rank 0 asks (FSDP1's flat shards make this a per-rank lower bound there)."""
+    params = list(pl_module.parameters())
+    state = sum(t.numel() * t.element_size() for t in [*params, *pl_module.buffers()])
+    moments = sum(2 * p.numel() * p.element_size() for p in params if p.requires_grad)
     return state + moments
 
 
@@ -217,13 +220,20 @@ class RunCheckpoint(ModelCheckpoint):
                            f"resume with --ckpt_path last")  # fmt: skip
             raise StoppedByCtrlC(f"stopped by Ctrl-C at step {trainer.global_step}")
         job = slurm_job_id()
-        if trainer.is_global_zero and job is not None:
-            result = subprocess.call(["scontrol", "requeue", job])
-            outcome = f"requeued SLURM job {job}" if result == 0 else f"`scontrol requeue {job}` failed ({result})"
-        else:
-            outcome = f"requeued SLURM job {job}"
-        rank_zero_info(f"bhyt_pl: SLURM requeue signal at step {trainer.global_step}; saved {where}; {outcome}; "
-                       f"the requeued job resumes from it")  # fmt: skip
+        requeued = True
+        if trainer.is_global_zero:
+            if job is None:
+                requeued, outcome = False, "no SLURM job id in the environment, so nothing to requeue"
+            else:
+                result = subprocess.call(["scontrol", "requeue", job])
+                requeued = result == 0
+                outcome = f"requeued SLURM job {job}" if requeued else f"`scontrol requeue {job}` failed ({result})"
+            rank_zero_info(f"bhyt_pl: SLURM requeue signal at step {trainer.global_step}; saved {where}; {outcome}"
+                           + ("; the requeued job resumes from it" if requeued else "; resume with --ckpt_path last"))
+        if trainer.world_size > 1:  # every rank exits with rank 0's outcome
+            requeued = trainer.strategy.broadcast(requeued)
+        if not requeued:  # a failed requeue must not look like success to the scheduler
+            raise SystemExit(1)
         raise Requeued
 
     @override
