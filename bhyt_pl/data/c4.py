@@ -76,7 +76,7 @@ def read_documents(
     skipped = Counter() if skipped is None else skipped
     for path in files:
         bad = Counter()
-        kept = 0
+        kept, broken = 0, False
         try:
             with fsspec.open(path, "rt", compression="infer", encoding="utf-8", errors="replace") as f:
                 for line in f:
@@ -98,12 +98,13 @@ def read_documents(
             reason = f"{type(err).__name__}: {err}"
             log.warning("C4 shard %s breaks after %d document(s) (%s): skipping its rest", path, kept, reason)
             skipped["unreadable_shard"] += 1
+            broken = True  # counted once, as unreadable, not also as empty
             if unreadable is not None:
                 unreadable[path] = reason
         if bad:
             log.warning("skipped %d malformed line(s) in %s: %s", sum(bad.values()), path, dict(bad))
             skipped.update(bad)
-        if kept == 0 and not bad and (unreadable is None or path not in unreadable):
+        if kept == 0 and not bad and not broken:
             log.warning("C4 shard %s has no document", path)
             skipped["empty_shard"] += 1
 
@@ -481,4 +482,4 @@ class C4DataModule(LightningDataModule):
         if self.val_split is None or self.val_split not in self.files:
             return []
         windows = self._windows(self.val_split, shuffle_buffer=0)
-        return DataLoader(windows, batch_size=self.batch_size, collate_fn=collate_windows)
+        return DataLoader(windows, batch_size=self.batch_size, collate_fn=collate_fixed_windows)

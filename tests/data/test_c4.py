@@ -290,6 +290,14 @@ def test_training_data_with_a_broken_shard_resumes_on_the_exact_next_batch(tmp_p
     assert all(torch.equal(a["input_ids"], b) for a, b in zip(resumed, all_batches[-3:], strict=True))
 
 
+def test_a_shard_breaking_before_its_first_document_is_counted_once(tmp_path: Path):
+    """It was counted both as unreadable and as empty when the caller kept no ``unreadable`` record."""
+    broken = _truncated_shard(tmp_path / "c4-train.00000-of-00001.json.gz", word_docs(0, 3000), keep=0.002)
+    skipped = Counter()
+    assert list(read_documents([str(broken)], skipped)) == []
+    assert skipped == Counter(unreadable_shard=1)
+
+
 def test_setup_fails_naming_every_unreadable_shard(tmp_path: Path):
     cut = _truncated_shard(tmp_path / "c4-train.00000-of-00002.json.gz", word_docs(0, 50), keep=0.05)
     garbage = tmp_path / "c4-train.00001-of-00002.json.gz"
