@@ -24,19 +24,18 @@ import argparse
 import fnmatch
 import json
 import math
-import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from bhyt_pl.callbacks.layer_metrics import layer_series, split_layer_key
 from bhyt_pl.errors import UsageError
 
 __all__ = ["RunData", "compare", "load_event_run", "load_runs", "load_study_runs", "main", "markdown_table"]
 
-_LAYER = re.compile(r"layer_(\d+)$")
 PROFILES = ("depth/magnitude", "depth/variance", "stability/grad_norm", "stability/attn_entropy")
 """Per-layer statistics drawn against depth: the last logged profile of each."""
 
@@ -68,11 +67,13 @@ class RunData:
 
 
 # ----------------------------------------------------------------------------- reading
-def norm_label(norm: Any, norm_args: Any, seq_len: Any = None) -> str:
-    """``bhyt (lambda_attn=1.0)``: the norm and its arguments, as a run's hparams give them. BHyT's run fact
-    ``seq_len`` (its T, bound to the training length) is left out when it is the run's ``seq_len``."""
+def norm_label(norm: Any, norm_args: Any, run_facts: Mapping[str, Any] | None = None) -> str:
+    """``bhyt (lambda_attn=1.0)``: the norm and its arguments, as a run's hparams give them. An argument that is
+    a run fact bound to the run's own value (BHyT's ``seq_len``, its T) is left out: it says nothing a reader
+    chose."""
     name = norm if isinstance(norm, str) else str(getattr(norm, "get", lambda k: None)("class_path") or norm)
-    shown = {k: v for k, v in (norm_args or {}).items() if not (k == "seq_len" and v == seq_len)}
+    facts = run_facts or {}
+    shown = {k: v for k, v in (norm_args or {}).items() if not (k in facts and v == facts[k])}
     args = ", ".join(f"{k}={v}" for k, v in sorted(shown.items()))
     return f"{name} ({args})" if args else name
 
@@ -121,7 +122,8 @@ def load_event_run(path: str | Path) -> RunData:
     hparams_path = folder / "hparams.yaml"
     hparams = yaml.safe_load(hparams_path.read_text()) or {} if hparams_path.is_file() else {}
     if "norm" in hparams:
-        label = norm_label(hparams["norm"], hparams.get("norm_args"), hparams.get("seq_len"))
+        facts = {**(hparams.get("run_facts") or {}), "seq_len": hparams.get("seq_len")}  # as LlamaLM records them
+        label = norm_label(hparams["norm"], hparams.get("norm_args"), facts)
     else:
         label = folder.parent.name
     run = RunData(label=label, source=str(folder), tokens_per_step=_tokens_per_step(folder / "config.yaml"))
@@ -136,9 +138,7 @@ def load_event_run(path: str | Path) -> RunData:
     run.train_loss = series("train/loss") if "train/loss" in tags else []
     run.val_loss = series("val/loss") if "val/loss" in tags else []
     for stat in PROFILES:
-        layers = sorted(
-            (int(m.group(1)), tag) for tag in tags if (m := _LAYER.search(tag)) and tag == f"{stat}/layer_{m.group(1)}"
-        )
+        layers = sorted((split[1], tag) for tag in tags if (split := split_layer_key(tag)) and split[0] == stat)
         if not layers:
             continue
         per_layer = [dict(series(tag)) for _, tag in layers]
@@ -173,11 +173,9 @@ def load_study_runs(path: str | Path, only: Sequence[str] = ()) -> list[RunData]
             run.val_loss = [(int(result.get("steps_done") or run.steps), float(result["val_loss"]))]
         depth = result.get("depth_final") or {}
         for stat in ("magnitude", "variance"):
-            layers = sorted(
-                (int(k.rsplit("_", 1)[1]), v) for k, v in depth.items() if re.fullmatch(rf"{stat}/layer_\d+", k)
-            )
+            layers = layer_series(depth, stat)
             if layers:
-                run.profiles[f"depth/{stat}"] = (run.steps, [v for _, v in layers])
+                run.profiles[f"depth/{stat}"] = (run.steps, layers)
         stability = result.get("stability") or {}
         for key in ("loss_spikes", "grad_norm_spikes"):
             if stability.get(key) is not None:
