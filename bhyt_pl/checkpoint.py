@@ -168,8 +168,6 @@ def resume_mismatches(config: LlamaConfig, hparams: Mapping[str, Any], checkpoin
                 for arg in sorted(set(saved) | set(current)):
                     differ(f"model.norm_args.{arg}", saved.get(arg), current.get(arg))
         else:
-            if key == "qk_norm" and saved is True:  # an older checkpoint's true is today's "head"
-                saved = "head"
             label = {"name": "model.preset", "norm": "model.norm"}.get(key, f"model.overrides.{key}")
             differ(label, saved, current)
     saved_hparams = checkpoint.get("hyper_parameters") or {}

@@ -108,7 +108,7 @@ def default_run_name(
         base = _model_settings(LlamaConfig.from_name(preset, norm=norm))
         ours = _model_settings(LlamaConfig.from_name(preset, **dict(overrides or {}), norm=norm,
                                                      norm_args=dict(norm_args or {})))  # fmt: skip
-    except Exception:  # noqa: BLE001 - a bad or custom setting: the constructors report it, by name, later
+    except (ValueError, TypeError):  # a bad setting: the run fails before any work, naming it (the constructors)
         return label
     changed = {key: value for key, value in ours.items() if value != base.get(key)}
     if not changed:
