@@ -324,12 +324,19 @@ def test_claims_over_training_on_synthetic_trajectories() -> None:
     assert points[1]["mean"] == pytest.approx(claim.tests[0].difference.mean)
 
 
-def test_a_diverged_run_has_no_pair_at_any_point() -> None:
+@pytest.mark.parametrize("trajectory", ["kept", "none"])
+def test_a_diverged_run_has_no_pair_at_any_point(trajectory: str) -> None:
+    """One diverged seed loses its own pair at every step; the other seeds still give every point over training
+    (a diverged run records no snapshots, so steps shared by every run would be none)."""
     results, design = synthetic_set()
-    results = [replace(r, status="diverged") if r.spec.label == "a@lr0.003-s1" else r for r in results]
+    diverged = {"status": "diverged"} if trajectory == "kept" else {"status": "diverged", "trajectory": []}
+    results = [replace(r, **diverged) if r.spec.label == "a@lr0.003-s1" else r for r in results]
     row = ClaimSpec("A below B", "Figure 3", "A", "B", "magnitude", "matched", "lower")
     (claim,), _ = evaluate(results, design, {"A": "a", "B": "b"}, claims=(row,))
-    assert claim.tests[0].difference.n == 2 and all(p["n"] == 2 for p in claim.tests[0].over_training)
+    points = claim.tests[0].over_training
+    assert claim.tests[0].difference.n == 2
+    assert [p["step"] for p in points] == [0, 10] and [p["n"] for p in points] == [2, 2]
+    assert points[1]["mean"] == pytest.approx(claim.tests[0].difference.mean)
 
 
 def test_the_theorem_condition_decides_whether_the_claim_applies() -> None:
