@@ -44,6 +44,7 @@ from bhyt_pl.study import report
 from bhyt_pl.study.plan import (
     SchemeGroup,
     Selection,
+    check_disjoint,
     default_matched_lrs,
     evaluation_specs,
     parse_group,
@@ -336,6 +337,8 @@ def resolve(args: argparse.Namespace) -> tuple[Budget, dict[str, Any]]:
         problems.append(f"--extensions must be >= 0, got {budget.extensions}")
     if args.matched_lrs is not None and any(not lr > 0 for lr in args.matched_lrs):
         problems.append(f"--matched-lrs must be > 0, got {args.matched_lrs}")
+    if args.matched_lrs is not None and len(set(args.matched_lrs)) != len(args.matched_lrs):
+        problems.append(f"--matched-lrs has duplicates (each would be tested twice): {args.matched_lrs}")
     for item in args.roles:
         if "=" not in item:
             problems.append(f"--roles {item!r} must be ROLE=GROUP, e.g. --roles DyT=dyt:alpha_attn=1.0")
@@ -508,6 +511,7 @@ def run_depth_study(
     """Protocol v3 (``bhyt_pl.study.plan``): selection runs on the selection seed, a group's extension runs as
     soon as its selection finds its best rate at an edge, its best-rate evaluation seeds as soon as its
     selection is complete, and the matched arm once every group's is (runs of both arms train once)."""
+    check_disjoint(groups)  # a candidate in two groups would share run labels and one group would never finish
     by_group = {g.label: g for g in groups}
     pending: dict[str, set[str]] = {}
     selection_runs: dict[str, list[RunResult]] = {g.label: [] for g in groups}
@@ -581,6 +585,11 @@ def main(argv: list[str] | None = None) -> int:
     labels = [g.label for g in groups]
     if len(set(labels)) != len(labels):
         print(f"error: --schemes has duplicates: {labels}", file=sys.stderr)
+        return 2
+    try:
+        check_disjoint(groups)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     roles = dict(DEFAULT_ROLES)
     for item in args.roles:

@@ -33,6 +33,7 @@ __all__ = [
     "SELECTION_SEED",
     "SchemeGroup",
     "Selection",
+    "check_disjoint",
     "choose",
     "default_matched_lrs",
     "evaluation_seeds",
@@ -73,6 +74,22 @@ def parse_group(text: str) -> SchemeGroup:
         variant = parse_variant(name + (":" + ",".join(combo) if combo else ""))
         candidates.append(variant)
     return SchemeGroup(text, candidates[0].norm, tuple(candidates))
+
+
+def check_disjoint(groups: Sequence[SchemeGroup]) -> None:
+    """Raise ``ValueError`` when a candidate belongs to two groups: its runs would have the same labels
+    (``run_label``), so the second group's runs would be dropped as duplicates and it would never be selected."""
+    owner: dict[str, str] = {}
+    problems = []
+    for g in groups:
+        for v in g.candidates:
+            first = owner.setdefault(v.label, g.label)
+            if first != g.label:
+                problems.append(f"candidate {v.label!r} is in both group {first!r} and group {g.label!r}")
+    if problems:
+        raise ValueError(
+            "--schemes: " + "; ".join(problems) + "; give each candidate in one group only (drop it from one entry)"
+        )
 
 
 def run_label(variant: Variant, lr: float, seed_index: int) -> str:

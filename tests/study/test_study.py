@@ -14,6 +14,7 @@ import torch
 
 from bhyt_pl.study import command, main, runner
 from bhyt_pl.study.command import parser, resolve
+from bhyt_pl.study.plan import check_disjoint, parse_group
 from bhyt_pl.study.report import GROUP_COLUMNS
 from bhyt_pl.study.runner import DivergenceMonitor, log_slope
 
@@ -210,6 +211,7 @@ def test_divergence_monitor_rejects_bad_bound() -> None:
         (["--val-batches", "2"], "--val-batches must be >= 4"),
         (["--extensions", "-1"], "--extensions must be >= 0"),
         (["--matched-lrs", "0"], "--matched-lrs must be > 0"),
+        (["--matched-lrs", "1e-3", "3e-3", "1e-3"], "--matched-lrs has duplicates"),
         (["--roles", "DyT"], "must be ROLE=GROUP"),
     ],
 )
@@ -222,6 +224,22 @@ def test_bad_arguments_exit_2_before_any_run(tmp_path: Path, capsys: pytest.Capt
     assert main(["--schemes", "nonorm", "--out", str(tmp_path / "x")]) == 2
     assert "unknown scheme 'nonorm'" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+def test_a_candidate_in_two_groups_exits_2_naming_both_before_any_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Both groups would train runs with the same labels; the second group's would be dropped as duplicates."""
+    argv = ["--schemes", "dyt:alpha_attn=0.5|1.0|2.0", "dyt:alpha_attn=1.0", "--out", str(tmp_path / "x")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "candidate 'dyt:alpha_attn=1.0' is in both group 'dyt:alpha_attn=0.5|1.0|2.0' and group" in err
+    assert "'dyt:alpha_attn=1.0'; give each candidate in one group only" in err
+    assert not (tmp_path / "x").exists()
+    groups = [parse_group("dyt:alpha_attn=0.5|1.0"), parse_group("dyt:alpha_attn=2.0|1.0")]
+    with pytest.raises(ValueError, match="candidate 'dyt:alpha_attn=1.0' is in both group"):
+        check_disjoint(groups)
+    check_disjoint([parse_group("dyt:alpha_attn=0.5|1.0"), parse_group("dyt:alpha_attn=2.0")])  # disjoint: fine
 
 
 def test_progress_line_says_run_k_of_n_and_the_time_left() -> None:
