@@ -97,9 +97,15 @@ def run_label(variant: Variant, lr: float, seed_index: int) -> str:
     return f"{variant.label}@lr{lr:g}-s{seed_index}"
 
 
-def _spec(base: RunSpec, group: SchemeGroup, variant: Variant, lr: float, seed_index: int) -> RunSpec:
+def _spec(
+    base: RunSpec, group: SchemeGroup, variant: Variant, lr: float, seed_index: int, reported: bool = False
+) -> RunSpec:
+    """``base`` for one run; ``base``'s stability and layer-importance measurements are kept only when the run
+    is ``reported`` (an evaluation seed at the group's best rate: the only runs whose tables show them)."""
     return replace(
         base,
+        stability_every=base.stability_every if reported else 0,
+        importance=base.importance and reported,
         label=run_label(variant, lr, seed_index),
         group=group.label,
         candidate=variant.label,
@@ -233,12 +239,17 @@ def evaluation_specs(
     group: SchemeGroup, selection: Selection, matched_lrs: Sequence[float], n_seeds: int, base: RunSpec
 ) -> list[RunSpec]:
     """Step 3: the kept candidate on every evaluation seed at the best rate and at each matched rate; a rate of
-    both arms appears once (the runs coincide)."""
+    both arms appears once (the runs coincide). Only the best-rate runs keep ``base``'s stability and
+    layer-importance measurements (the group table and the importance table report those runs only)."""
     if selection.chosen is None:
         return []
     variant = next(v for v in group.candidates if v.label == selection.candidate)
     rates = list(dict.fromkeys([selection.lr, *matched_lrs]))
-    return [_spec(base, group, variant, lr, i) for lr in rates for i in evaluation_seeds(n_seeds)]
+    return [
+        _spec(base, group, variant, lr, i, reported=lr == selection.lr)
+        for lr in rates
+        for i in evaluation_seeds(n_seeds)
+    ]
 
 
 def sweep_specs(

@@ -190,6 +190,27 @@ def test_matched_arm_reuses_the_best_rate_runs(tmp_path: Path) -> None:
     assert [s.label for s in spec_lists] == [f"rmsnorm@lr{lr:g}-s{i}" for lr in (0.01, 0.03) for i in (1, 2, 3)]
 
 
+def test_only_the_reported_runs_measure_stability_and_layer_importance(tmp_path: Path) -> None:
+    """The group and importance tables report the best-rate evaluation seeds only: the selection, extension
+    and matched-only runs skip both measurements (the best-rate runs of the matched arm keep them)."""
+    measured = replace(BASE, stability_every=5, importance=True)
+    groups = [parse_group("rmsnorm"), parse_group("bhyt")]
+    lrs = (1e-3, 3e-3, 1e-2, 3e-2)
+    loss = lambda spec: v_loss(1e-2 if spec.group == "rmsnorm" else 1e-3)(spec)  # noqa: E731 - bhyt: an extension
+    scheduler = Scheduler(_InlineExecutor(), fake_runner(loss, tmp_path, []), tmp_path, resume=True)
+    results, design = run_depth_study(groups, lrs, 2, measured, scheduler, extensions=1)
+    assert design.matched_lrs == (1e-2, 3e-2) and design.selections["bhyt"].extensions
+    reported = {(r.spec.group, r.spec.lr) for r in results if r.spec.seed_index > 0}
+    assert reported == {("rmsnorm", 1e-2), ("rmsnorm", 3e-2), ("bhyt", 1e-2), ("bhyt", 3e-2), ("bhyt", 1e-3)}
+    for r in results:
+        best = r.spec.seed_index > 0 and r.spec.lr == design.selections[r.spec.group].lr
+        assert (r.spec.stability_every, r.spec.importance) == ((5, True) if best else (0, False)), r.spec.label
+    assert sum(r.spec.importance for r in results) == 4  # 2 groups x 2 seeds at their best rates
+    no_importance = replace(measured, importance=False)
+    specs = evaluation_specs(groups[0], design.selections["rmsnorm"], (3e-2,), 1, no_importance)
+    assert [(s.stability_every, s.importance) for s in specs] == [(5, False), (0, False)]
+
+
 def test_default_matched_rates_skip_a_rate_where_a_group_diverged(tmp_path: Path) -> None:
     groups = [parse_group("rmsnorm"), parse_group("bhyt")]
 
