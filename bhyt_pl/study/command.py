@@ -103,7 +103,8 @@ ROLE=GROUP`` remaps one (e.g. ``--roles DyT=dyt:alpha_attn=1.0``). A claim whose
 as not tested."""
 
 REMOVED_FLAGS = {
-    "--seed": "--seeds N (N seeds: 42, 43, ...; each seeds the initialisation and the data order)",
+    "--seed": "--seeds N (evaluation seeds 43..42+N after the selection seed 42; each seeds the initialisation "
+    "and the data order)",
     "--data-seed": "--seeds N (seed i shuffles the data with 42 + i)",
     "--lr": "--lrs LR [LR ...] (the learning-rate grid; one value: that learning rate for every scheme)",
 }
@@ -154,9 +155,10 @@ class _Removed(argparse.Action):
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m bhyt_pl study",
-        description="Train every norm scheme over seeds with its own learning rate (chosen on the first seed from "
-        "--lrs by validation loss) and report claims with seed-paired 95% intervals, depth trajectories, "
-        "stability columns, LR sensitivity and layer importance (--sweep: stability grid over depth x LR).",
+        description="Train every norm scheme over seeds with its own learning rate (chosen from --lrs by "
+        "validation loss on the selection seed, which no evaluation seed reuses) and report claims with seed-paired "
+        "95% intervals, depth trajectories, stability columns, LR sensitivity and layer importance (--sweep: "
+        "stability grid over depth x LR).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     mode = p.add_argument_group("mode")
@@ -173,7 +175,7 @@ def parser() -> argparse.ArgumentParser:
         nargs="+",
         default=list(DEFAULT_SCHEMES),
         help="scheme groups, each name[:key=value,...] for any registered scheme; key=v1|v2 is a grid searched "
-        "on the first seed with the learning rate (e.g. dyt:alpha_attn=0.5|1.0)",
+        "on the selection seed with the learning rate (e.g. dyt:alpha_attn=0.5|1.0)",
     )
     model.add_argument("--steps", type=int, default=None, help=f"optimizer steps per run; default {FULL.steps}")
     model.add_argument(
@@ -394,7 +396,8 @@ def make_datamodule(args: argparse.Namespace, budget: Budget, data_seed: int):  
 
 def fixed_batches(datamodule: Any, count: int) -> list[dict[str, torch.Tensor]]:
     """The first ``count`` validation batches (training batches when the source has no validation split):
-    the same tensors for every run; the first one is where depth statistics are measured."""
+    the same tensors for every run: depth statistics and the validation loss use all of them, layer importance
+    the first."""
     datamodule.setup("validate")
     loader = datamodule.val_dataloader()
     if isinstance(loader, list):  # C4DataModule returns [] without a validation split
