@@ -401,3 +401,19 @@ def test_growth_by_hand() -> None:
     assert growth(values) == pytest.approx(math.log(8.0 / 2.0))
     assert growth_slope(_profile(8, 1.0, 1.5)) == pytest.approx(math.log(1.5))
     assert growth([1.0, 1.0, 1.0, 1.0]) == 0.0 and math.isnan(growth([0.0, 1.0, 1.0, 1.0]))
+
+
+def test_seeds_for_a_decisive_tost_use_its_90_percent_interval() -> None:
+    """The detail table's 'seeds for a decisive CI' of an equivalence claim: t_{0.95} (the TOST's 90 % interval)."""
+    from bhyt_pl.study import report
+
+    results, design = synthetic_set()
+    row = ClaimSpec("A ~ B", "Figure 3", "A", "B", "magnitude", "matched", "equivalent", margin=1.05)
+    items, _ = evaluate(results, design, {"A": "a", "B": "b"}, claims=(row,))
+    low = items[0].tests[0]
+    # mean -1, sd 0.05, 3 pairs: room 0.05; the 90 % half-width t_{0.95,2} 0.05 / sqrt(3) = 0.084 does not fit
+    assert low.rate == "0.003" and low.verdict == "inconclusive"
+    # smallest n with t_{0.95,n-1} / sqrt(n) < 1: n = 5 (2.132 / 2.236 = 0.953; n = 4: 2.353 / 2 = 1.18);
+    # the 95 % interval's t_{0.975} would say n = 7 (2.447 / 2.646 = 0.925; n = 6: 2.571 / 2.449 = 1.05)
+    line = next(x for x in report.detail_table(items).splitlines() if "| 0.003 |" in x)
+    assert line.rstrip(" |").endswith("| 5")
