@@ -331,19 +331,10 @@ def evaluation_runs(results: Sequence[RunResult], group: str, candidate: str, lr
 
 
 def _test(spec: ClaimSpec, rate: str, lrs: tuple[float, float], a: list[RunResult], b: list[RunResult], tps: int):
-    def diff(snap_a: Mapping[int, Any] | None = None, snap_b: Mapping[int, Any] | None = None) -> list[float]:
-        va = {
-            r.spec.seed_index: value(r, spec.metric, None if snap_a is None else snap_a.get(r.spec.seed_index))
-            for r in a
-        }
-        vb = {
-            r.spec.seed_index: value(r, spec.metric, None if snap_b is None else snap_b.get(r.spec.seed_index))
-            for r in b
-        }
-        return stats.paired_differences(va, vb)
-
     margin = spec.margin_value or 0.0
-    values = diff()
+    values = stats.paired_differences(
+        {r.spec.seed_index: value(r, spec.metric) for r in a}, {r.spec.seed_index: value(r, spec.metric) for r in b}
+    )
     d95, d90 = stats.interval(values), stats.interval(values, confidence=0.90)
     p_for, p_against = stats.rule_p_values(d95, spec.rule, margin)
     test = Test(
@@ -357,12 +348,19 @@ def _test(spec: ClaimSpec, rate: str, lrs: tuple[float, float], a: list[RunResul
         p_against,
         stats.label_from_p(p_for, p_against),
     )
-    # claims over training: the same test at every step both sides recorded
+    # claims over training: the same test at every step some finished run of each side recorded. snapshots() is
+    # empty for a diverged or failed run, so such a run only loses its own pair (as at the end), never the points.
     traj_a = {r.spec.seed_index: snapshots(r) for r in a}
     traj_b = {r.spec.seed_index: snapshots(r) for r in b}
-    steps = sorted(set.intersection(*(set(t) for t in (*traj_a.values(), *traj_b.values())))) if a and b else []
+    steps = sorted(set().union(*traj_a.values()) & set().union(*traj_b.values()))
+    by_seed_a, by_seed_b = {r.spec.seed_index: r for r in a}, {r.spec.seed_index: r for r in b}
     for step in steps:
-        point_values = diff({i: t.get(step) for i, t in traj_a.items()}, {i: t.get(step) for i, t in traj_b.items()})
+        # only the seeds with a snapshot at this step on both sides pair up (value() of no snapshot is the end)
+        seeds = sorted(i for i in set(traj_a) & set(traj_b) if step in traj_a[i] and step in traj_b[i])
+        point_values = stats.paired_differences(
+            {i: value(by_seed_a[i], spec.metric, traj_a[i][step]) for i in seeds},
+            {i: value(by_seed_b[i], spec.metric, traj_b[i][step]) for i in seeds},
+        )
         iv = stats.interval(point_values)
         pf, pa = stats.rule_p_values(iv, spec.rule, margin)
         test.over_training.append(

@@ -44,6 +44,7 @@ from bhyt_pl.study import report
 from bhyt_pl.study.plan import (
     SchemeGroup,
     Selection,
+    check_disjoint,
     default_matched_lrs,
     evaluation_specs,
     parse_group,
@@ -102,7 +103,8 @@ ROLE=GROUP`` remaps one (e.g. ``--roles DyT=dyt:alpha_attn=1.0``). A claim whose
 as not tested."""
 
 REMOVED_FLAGS = {
-    "--seed": "--seeds N (N seeds: 42, 43, ...; each seeds the initialisation and the data order)",
+    "--seed": "--seeds N (evaluation seeds 43..42+N after the selection seed 42; each seeds the initialisation "
+    "and the data order)",
     "--data-seed": "--seeds N (seed i shuffles the data with 42 + i)",
     "--lr": "--lrs LR [LR ...] (the learning-rate grid; one value: that learning rate for every scheme)",
 }
@@ -153,9 +155,10 @@ class _Removed(argparse.Action):
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m bhyt_pl study",
-        description="Train every norm scheme over seeds with its own learning rate (chosen on the first seed from "
-        "--lrs by validation loss) and report claims with seed-paired 95% intervals, depth trajectories, "
-        "stability columns, LR sensitivity and layer importance (--sweep: stability grid over depth x LR).",
+        description="Train every norm scheme over seeds with its own learning rate (chosen from --lrs by "
+        "validation loss on the selection seed, which no evaluation seed reuses) and report claims with seed-paired "
+        "95% intervals, depth trajectories, stability columns, LR sensitivity and layer importance (--sweep: "
+        "stability grid over depth x LR).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     mode = p.add_argument_group("mode")
@@ -172,7 +175,7 @@ def parser() -> argparse.ArgumentParser:
         nargs="+",
         default=list(DEFAULT_SCHEMES),
         help="scheme groups, each name[:key=value,...] for any registered scheme; key=v1|v2 is a grid searched "
-        "on the first seed with the learning rate (e.g. dyt:alpha_attn=0.5|1.0)",
+        "on the selection seed with the learning rate (e.g. dyt:alpha_attn=0.5|1.0)",
     )
     model.add_argument("--steps", type=int, default=None, help=f"optimizer steps per run; default {FULL.steps}")
     model.add_argument(
@@ -336,6 +339,8 @@ def resolve(args: argparse.Namespace) -> tuple[Budget, dict[str, Any]]:
         problems.append(f"--extensions must be >= 0, got {budget.extensions}")
     if args.matched_lrs is not None and any(not lr > 0 for lr in args.matched_lrs):
         problems.append(f"--matched-lrs must be > 0, got {args.matched_lrs}")
+    if args.matched_lrs is not None and len(set(args.matched_lrs)) != len(args.matched_lrs):
+        problems.append(f"--matched-lrs has duplicates (each would be tested twice): {args.matched_lrs}")
     for item in args.roles:
         if "=" not in item:
             problems.append(f"--roles {item!r} must be ROLE=GROUP, e.g. --roles DyT=dyt:alpha_attn=1.0")
@@ -391,7 +396,8 @@ def make_datamodule(args: argparse.Namespace, budget: Budget, data_seed: int):  
 
 def fixed_batches(datamodule: Any, count: int) -> list[dict[str, torch.Tensor]]:
     """The first ``count`` validation batches (training batches when the source has no validation split):
-    the same tensors for every run; the first one is where depth statistics are measured."""
+    the same tensors for every run: depth statistics and the validation loss use all of them, layer importance
+    the first."""
     datamodule.setup("validate")
     loader = datamodule.val_dataloader()
     if isinstance(loader, list):  # C4DataModule returns [] without a validation split
@@ -508,6 +514,7 @@ def run_depth_study(
     """Protocol v3 (``bhyt_pl.study.plan``): selection runs on the selection seed, a group's extension runs as
     soon as its selection finds its best rate at an edge, its best-rate evaluation seeds as soon as its
     selection is complete, and the matched arm once every group's is (runs of both arms train once)."""
+    check_disjoint(groups)  # a candidate in two groups would share run labels and one group would never finish
     by_group = {g.label: g for g in groups}
     pending: dict[str, set[str]] = {}
     selection_runs: dict[str, list[RunResult]] = {g.label: [] for g in groups}
@@ -581,6 +588,11 @@ def main(argv: list[str] | None = None) -> int:
     labels = [g.label for g in groups]
     if len(set(labels)) != len(labels):
         print(f"error: --schemes has duplicates: {labels}", file=sys.stderr)
+        return 2
+    try:
+        check_disjoint(groups)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     roles = dict(DEFAULT_ROLES)
     for item in args.roles:

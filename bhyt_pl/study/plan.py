@@ -33,6 +33,7 @@ __all__ = [
     "SELECTION_SEED",
     "SchemeGroup",
     "Selection",
+    "check_disjoint",
     "choose",
     "default_matched_lrs",
     "evaluation_seeds",
@@ -75,14 +76,36 @@ def parse_group(text: str) -> SchemeGroup:
     return SchemeGroup(text, candidates[0].norm, tuple(candidates))
 
 
+def check_disjoint(groups: Sequence[SchemeGroup]) -> None:
+    """Raise ``ValueError`` when a candidate belongs to two groups: its runs would have the same labels
+    (``run_label``), so the second group's runs would be dropped as duplicates and it would never be selected."""
+    owner: dict[str, str] = {}
+    problems = []
+    for g in groups:
+        for v in g.candidates:
+            first = owner.setdefault(v.label, g.label)
+            if first != g.label:
+                problems.append(f"candidate {v.label!r} is in both group {first!r} and group {g.label!r}")
+    if problems:
+        raise ValueError(
+            "--schemes: " + "; ".join(problems) + "; give each candidate in one group only (drop it from one entry)"
+        )
+
+
 def run_label(variant: Variant, lr: float, seed_index: int) -> str:
     """``<candidate>@lr<lr>-s<seed index>``: unique within a study and stable across re-runs (resume)."""
     return f"{variant.label}@lr{lr:g}-s{seed_index}"
 
 
-def _spec(base: RunSpec, group: SchemeGroup, variant: Variant, lr: float, seed_index: int) -> RunSpec:
+def _spec(
+    base: RunSpec, group: SchemeGroup, variant: Variant, lr: float, seed_index: int, reported: bool = False
+) -> RunSpec:
+    """``base`` for one run; ``base``'s stability and layer-importance measurements are kept only when the run
+    is ``reported`` (an evaluation seed at the group's best rate: the only runs whose tables show them)."""
     return replace(
         base,
+        stability_every=base.stability_every if reported else 0,
+        importance=base.importance and reported,
         label=run_label(variant, lr, seed_index),
         group=group.label,
         candidate=variant.label,
@@ -216,12 +239,17 @@ def evaluation_specs(
     group: SchemeGroup, selection: Selection, matched_lrs: Sequence[float], n_seeds: int, base: RunSpec
 ) -> list[RunSpec]:
     """Step 3: the kept candidate on every evaluation seed at the best rate and at each matched rate; a rate of
-    both arms appears once (the runs coincide)."""
+    both arms appears once (the runs coincide). Only the best-rate runs keep ``base``'s stability and
+    layer-importance measurements (the group table and the importance table report those runs only)."""
     if selection.chosen is None:
         return []
     variant = next(v for v in group.candidates if v.label == selection.candidate)
     rates = list(dict.fromkeys([selection.lr, *matched_lrs]))
-    return [_spec(base, group, variant, lr, i) for lr in rates for i in evaluation_seeds(n_seeds)]
+    return [
+        _spec(base, group, variant, lr, i, reported=lr == selection.lr)
+        for lr in rates
+        for i in evaluation_seeds(n_seeds)
+    ]
 
 
 def sweep_specs(

@@ -697,7 +697,9 @@ def detail_table(items: Sequence[ClaimResult]) -> str:
                     "no_worse": m - t.difference.mean,
                     "equivalent": m - abs(t.difference.mean),
                 }[c.spec.rule]
-            needed = stats.seeds_needed(t.difference, room) if math.isfinite(room) else None
+            # a TOST is decided by its 90 % interval (t_0.95), every other rule by the 95 % one (t_0.975)
+            confidence = 0.90 if c.spec.rule == "equivalent" else 0.95
+            needed = stats.seeds_needed(t.difference, room, confidence=confidence) if math.isfinite(room) else None
             rows.append(
                 [
                     _claim_name(c),

@@ -81,8 +81,6 @@ run": validation losses 0.009 apart where seeds spread 0.04)."""
 TRAJECTORY_STATS = ("magnitude", "variance", "median_magnitude", "magnitude_top2_removed", "saturation")
 """Per-layer statistics kept at every trajectory point (``saturation``: mean over the tanh sites); each point
 also has its ``step`` and ``val_loss``."""
-_UNUSED = None
-"""Per-layer statistics kept at every trajectory point (``saturation``: mean over the tanh sites)."""
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +90,8 @@ class RunSpec:
     """What one run trains: plain data, written into the run's ``result.json``.
 
     Args:
-        label: unique name of the run (also its log directory), e.g. ``bhyt`` or ``bhyt-L16-lr0.003``.
+        label: unique name of the run (also its log directory), e.g. ``bhyt@lr0.003-s1`` (``plan.run_label``) or
+            ``bhyt@L16-lr0.003-s0`` (the sweep).
         norm: registered norm scheme.
         norm_args: the scheme's constructor arguments.
         preset: model preset (``bhyt_pl.PRESETS``).
@@ -558,7 +557,7 @@ def layer_importance(module: LlamaLM, batches: list[dict[str, torch.Tensor]]) ->
         model.train(was_training)
 
 
-def _variance_bound(spec: RunSpec, module: LlamaLM) -> dict[str, Any] | None:
+def _variance_bound(module: LlamaLM) -> dict[str, Any] | None:
     """The scheme's ``variance_bound`` diagnostic (BHyT: ``lambda/kappa < 1/sqrt(L)`` at the initial and the
     learned lambdas), None for schemes without one."""
     scheme = module.config.norm_scheme()
@@ -648,7 +647,7 @@ def run_one(
         if monitor.diverged_step is None:  # a diverged run's end point is not a trained model's
             points.append(trajectory_point(result.steps_done, result.depth_final))
         result.trajectory = points
-        result.variance_bound = _variance_bound(spec, module)
+        result.variance_bound = _variance_bound(module)
         if spec.stability_every > 0:
             result.stability = stability_summary(memory.metrics, result.n_layers)
         if monitor.diverged_step is None:

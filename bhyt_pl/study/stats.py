@@ -92,16 +92,18 @@ def paired_differences(a: dict[int, float], b: dict[int, float]) -> list[float]:
     ]
 
 
-def seeds_needed(diff: Interval, room: float, limit: int = 1000) -> int | None:
-    """Seeds a decisive 95 % interval would take if the mean and the spread stayed as measured: the smallest
-    ``n`` with ``t_{0.975, n-1} * sd / sqrt(n) < room`` (``room``: distance from the mean to the decision
-    boundary). None when the mean sits on the wrong side (``room <= 0``), the spread is undefined, or
-    more than ``limit`` would be needed."""
+def seeds_needed(diff: Interval, room: float, limit: int = 1000, confidence: float = 0.95) -> int | None:
+    """Seeds a decisive interval at ``confidence`` would take if the mean and the spread stayed as measured: the
+    smallest ``n`` with ``t_{q, n-1} * sd / sqrt(n) < room``, ``q = 1 - (1 - confidence) / 2`` (0.975 for the
+    95 % interval of ``lower`` and ``no worse``; 0.95 for the 90 % interval of a TOST, ``confidence=0.90``);
+    ``room``: distance from the mean to the decision boundary. None when the mean sits on the wrong side
+    (``room <= 0``), the spread is undefined, or more than ``limit`` would be needed."""
     sd = diff.sd
     if not room > 0 or not math.isfinite(sd):
         return None
+    q = 1 - (1 - confidence) / 2
     for n in range(2, limit + 1):
-        if float(_scipy_stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n) < room:
+        if float(_scipy_stats.t.ppf(q, n - 1)) * sd / math.sqrt(n) < room:
             return n
     return None
 

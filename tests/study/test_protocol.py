@@ -190,6 +190,27 @@ def test_matched_arm_reuses_the_best_rate_runs(tmp_path: Path) -> None:
     assert [s.label for s in spec_lists] == [f"rmsnorm@lr{lr:g}-s{i}" for lr in (0.01, 0.03) for i in (1, 2, 3)]
 
 
+def test_only_the_reported_runs_measure_stability_and_layer_importance(tmp_path: Path) -> None:
+    """The group and importance tables report the best-rate evaluation seeds only: the selection, extension
+    and matched-only runs skip both measurements (the best-rate runs of the matched arm keep them)."""
+    measured = replace(BASE, stability_every=5, importance=True)
+    groups = [parse_group("rmsnorm"), parse_group("bhyt")]
+    lrs = (1e-3, 3e-3, 1e-2, 3e-2)
+    loss = lambda spec: v_loss(1e-2 if spec.group == "rmsnorm" else 1e-3)(spec)  # noqa: E731 - bhyt: an extension
+    scheduler = Scheduler(_InlineExecutor(), fake_runner(loss, tmp_path, []), tmp_path, resume=True)
+    results, design = run_depth_study(groups, lrs, 2, measured, scheduler, extensions=1)
+    assert design.matched_lrs == (1e-2, 3e-2) and design.selections["bhyt"].extensions
+    reported = {(r.spec.group, r.spec.lr) for r in results if r.spec.seed_index > 0}
+    assert reported == {("rmsnorm", 1e-2), ("rmsnorm", 3e-2), ("bhyt", 1e-2), ("bhyt", 3e-2), ("bhyt", 1e-3)}
+    for r in results:
+        best = r.spec.seed_index > 0 and r.spec.lr == design.selections[r.spec.group].lr
+        assert (r.spec.stability_every, r.spec.importance) == ((5, True) if best else (0, False)), r.spec.label
+    assert sum(r.spec.importance for r in results) == 4  # 2 groups x 2 seeds at their best rates
+    no_importance = replace(measured, importance=False)
+    specs = evaluation_specs(groups[0], design.selections["rmsnorm"], (3e-2,), 1, no_importance)
+    assert [(s.stability_every, s.importance) for s in specs] == [(5, False), (0, False)]
+
+
 def test_default_matched_rates_skip_a_rate_where_a_group_diverged(tmp_path: Path) -> None:
     groups = [parse_group("rmsnorm"), parse_group("bhyt")]
 
@@ -324,12 +345,19 @@ def test_claims_over_training_on_synthetic_trajectories() -> None:
     assert points[1]["mean"] == pytest.approx(claim.tests[0].difference.mean)
 
 
-def test_a_diverged_run_has_no_pair_at_any_point() -> None:
+@pytest.mark.parametrize("trajectory", ["kept", "none"])
+def test_a_diverged_run_has_no_pair_at_any_point(trajectory: str) -> None:
+    """One diverged seed loses its own pair at every step; the other seeds still give every point over training
+    (a diverged run records no snapshots, so steps shared by every run would be none)."""
     results, design = synthetic_set()
-    results = [replace(r, status="diverged") if r.spec.label == "a@lr0.003-s1" else r for r in results]
+    diverged = {"status": "diverged"} if trajectory == "kept" else {"status": "diverged", "trajectory": []}
+    results = [replace(r, **diverged) if r.spec.label == "a@lr0.003-s1" else r for r in results]
     row = ClaimSpec("A below B", "Figure 3", "A", "B", "magnitude", "matched", "lower")
     (claim,), _ = evaluate(results, design, {"A": "a", "B": "b"}, claims=(row,))
-    assert claim.tests[0].difference.n == 2 and all(p["n"] == 2 for p in claim.tests[0].over_training)
+    points = claim.tests[0].over_training
+    assert claim.tests[0].difference.n == 2
+    assert [p["step"] for p in points] == [0, 10] and [p["n"] for p in points] == [2, 2]
+    assert points[1]["mean"] == pytest.approx(claim.tests[0].difference.mean)
 
 
 def test_the_theorem_condition_decides_whether_the_claim_applies() -> None:
@@ -373,3 +401,19 @@ def test_growth_by_hand() -> None:
     assert growth(values) == pytest.approx(math.log(8.0 / 2.0))
     assert growth_slope(_profile(8, 1.0, 1.5)) == pytest.approx(math.log(1.5))
     assert growth([1.0, 1.0, 1.0, 1.0]) == 0.0 and math.isnan(growth([0.0, 1.0, 1.0, 1.0]))
+
+
+def test_seeds_for_a_decisive_tost_use_its_90_percent_interval() -> None:
+    """The detail table's 'seeds for a decisive CI' of an equivalence claim: t_{0.95} (the TOST's 90 % interval)."""
+    from bhyt_pl.study import report
+
+    results, design = synthetic_set()
+    row = ClaimSpec("A ~ B", "Figure 3", "A", "B", "magnitude", "matched", "equivalent", margin=1.05)
+    items, _ = evaluate(results, design, {"A": "a", "B": "b"}, claims=(row,))
+    low = items[0].tests[0]
+    # mean -1, sd 0.05, 3 pairs: room 0.05; the 90 % half-width t_{0.95,2} 0.05 / sqrt(3) = 0.084 does not fit
+    assert low.rate == "0.003" and low.verdict == "inconclusive"
+    # smallest n with t_{0.95,n-1} / sqrt(n) < 1: n = 5 (2.132 / 2.236 = 0.953; n = 4: 2.353 / 2 = 1.18);
+    # the 95 % interval's t_{0.975} would say n = 7 (2.447 / 2.646 = 0.925; n = 6: 2.571 / 2.449 = 1.05)
+    line = next(x for x in report.detail_table(items).splitlines() if "| 0.003 |" in x)
+    assert line.rstrip(" |").endswith("| 5")

@@ -151,3 +151,6 @@ def test_seeds_needed_for_a_decisive_interval() -> None:
     assert iv.sd == pytest.approx(0.2)
     assert stats.seeds_needed(iv, room=0.1) == 18  # t_16 = 2.120: 2.120 * 0.2 / sqrt(17) = 0.1028 >= 0.1
     assert stats.seeds_needed(iv, room=-0.1) is None  # the mean is on the wrong side
+    # a TOST decides on its 90 % interval: t_{0.95, n-1} * 0.2 / sqrt(n) < 0.1 first at n = 13
+    # (t_{0.95,12} = 1.782: 0.0989; n = 12: t_{0.95,11} = 1.796, 1.796 * 0.2 / sqrt(12) = 0.1037 >= 0.1)
+    assert stats.seeds_needed(iv, room=0.1, confidence=0.90) == 13
