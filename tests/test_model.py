@@ -420,3 +420,19 @@ def test_compiled_generate_equals_eager_without_recompiling() -> None:
     longer = model.generate(prompt[:, :3], max_new_tokens=20, compile=True)  # 23 tokens: the same 64 bucket
     assert counters["stats"]["unique_graphs"] == 1 and not counters["recompiles"]
     assert torch.equal(longer, model.generate(prompt[:, :3], max_new_tokens=20))
+
+
+@pytest.mark.parametrize("norm", SCHEMES)
+def test_forward_backward_under_bf16_autocast(norm: str) -> None:
+    """bf16-mixed as Lightning runs it: float32 parameters, the forward under ``torch.autocast`` (bfloat16),
+    so a scheme that mixes a float32 stream with a bfloat16 matmul output must promote (nGPT's update)."""
+    settings = build_norm_scheme(norm).model_settings
+    torch.manual_seed(0)
+    model = Llama(_small(norm, **settings))
+    idx = torch.randint(0, 97, (2, 16))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(idx)
+    loss = F.cross_entropy(logits.float().flatten(0, 1), idx.roll(-1, dims=1).flatten())
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)

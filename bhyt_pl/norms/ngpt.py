@@ -57,7 +57,9 @@ class NGPTBlockNorms(BlockNorms):
 
     def _step(self, x: torch.Tensor, branch: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
         a = (alpha * (ALPHA_INIT_VALUE * math.sqrt(self.dim))).abs().to(x.dtype)
-        return l2_normalize(torch.lerp(x, l2_normalize(branch), a))  # lerp: x + a * (L2(f) - x)
+        # lerp: x + a * (L2(f) - x). lerp does not promote, and under bf16 autocast the stream x stays float32
+        # while the sublayer output f is bfloat16, so f is cast to the stream's dtype first
+        return l2_normalize(torch.lerp(x, l2_normalize(branch).to(x.dtype), a))
 
     def attn_update(self, x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
         return self._step(x, a, self.alpha_attn)
