@@ -340,10 +340,12 @@ class Llama(nn.Module):
         return out
 
     @torch.no_grad()
-    def constrain_weights(self) -> None:
+    def constrain_weights(self, *, keep_satisfied: bool = False) -> None:
         """The scheme's weight constraint (nGPT: unit norm along ``d``): after init, after loading weights and,
-        from the trainer, after every optimizer step. A no-op for schemes without one."""
-        self.scheme.constrain_weights(self.width_matrices())
+        from the trainer, after every optimizer step. A no-op for schemes without one. ``keep_satisfied``
+        (used after loading weights) leaves weights that already satisfy the constraint up to rounding
+        bit-for-bit as loaded (``NormScheme.constrain_weights``)."""
+        self.scheme.constrain_weights(self.width_matrices(), keep_satisfied=keep_satisfied)
 
     def refresh_norm_constants(self) -> None:
         """Recompute cached, weight-derived norm constants (BHyT's ``c``) from the current weights."""
@@ -517,6 +519,7 @@ def _sample(logits: torch.Tensor, temperature: float, top_k: int | None, generat
 
 def _refresh_after_load(module: nn.Module, incompatible_keys) -> None:
     # a state dict never carries ``c`` (non-persistent); recompute it from the loaded weights, and put the
-    # loaded weights back on the scheme's constraint set (nGPT's unit norms)
-    module.constrain_weights()
+    # loaded weights back on the scheme's constraint set (nGPT's unit norms), leaving weights that already
+    # satisfy it exactly as loaded so that resuming is bit-identical
+    module.constrain_weights(keep_satisfied=True)
     module.refresh_norm_constants()

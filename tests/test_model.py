@@ -436,3 +436,33 @@ def test_forward_backward_under_bf16_autocast(norm: str) -> None:
     loss.backward()
     assert torch.isfinite(loss)
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_ngpt_load_keeps_unit_weights_bit_identical_and_normalises_others() -> None:
+    """Resuming nGPT is exact: a state dict saved after a constrained step loads bit for bit (renormalising
+    unit rows would move many elements by an ulp), while rows off the sphere are still normalised."""
+    torch.manual_seed(0)
+    model = Llama(_small("ngpt"))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    idx = torch.randint(0, 97, (2, 12))
+    model(idx, labels=idx).loss.backward()
+    optimizer.step()
+    model.constrain_weights()  # LlamaLM.optimizer_step's hook
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    renormalised = Llama(_small("ngpt"))
+    renormalised.load_state_dict(saved)
+    renormalised.constrain_weights()  # what loading did before: some elements move by an ulp
+    assert any(not torch.equal(v, saved[k]) for k, v in renormalised.state_dict().items())
+    fresh = Llama(_small("ngpt"))
+    fresh.load_state_dict(saved)
+    for key, value in fresh.state_dict().items():
+        assert torch.equal(value, saved[key]), key
+    off = dict(saved)
+    off["layers.0.attn.q_proj.weight"] = saved["layers.0.attn.q_proj.weight"].clone()
+    off["layers.0.attn.q_proj.weight"][3] *= 1.01  # one row off the sphere
+    off["layers.0.attn.o_proj.weight"] = saved["layers.0.attn.o_proj.weight"] * 2  # every column
+    fresh.load_state_dict(off)
+    q, o = fresh.layers[0].attn.q_proj.weight, fresh.layers[0].attn.o_proj.weight
+    torch.testing.assert_close(q.norm(dim=-1), torch.ones(q.shape[0]))
+    torch.testing.assert_close(o.norm(dim=0), torch.ones(o.shape[1]))
+    assert torch.equal(q[:3], saved["layers.0.attn.q_proj.weight"][:3])  # unit rows untouched
