@@ -93,6 +93,8 @@ def test_ngpt_recipe_and_post_step_weight_constraint(caplog) -> None:
     assert "norm 'ngpt': weight_decay=0.0, warmup_steps=0 from its recipe" in caplog.text
     mine = LlamaLM(overrides=TINY_OVERRIDES, norm="ngpt", weight_decay=0.05, warmup_steps=3)
     assert (mine.hparams.weight_decay, mine.hparams.warmup_steps) == (0.05, 3)
+    ratio = LlamaLM(overrides=TINY_OVERRIDES, norm="ngpt", warmup_ratio=0.2)  # the recipe's warmup_steps=0 would win
+    assert (ratio.hparams.weight_decay, ratio.hparams.warmup_ratio, ratio.hparams.warmup_steps) == (0.0, 0.2, None)
     plain = LlamaLM(overrides=TINY_OVERRIDES)
     assert (plain.hparams.weight_decay, plain.hparams.warmup_ratio, plain.hparams.warmup_steps) == (0.1, 0.05, None)
     trainer = quiet_trainer(max_steps=2)

@@ -387,7 +387,8 @@ class NormScheme:
     applies them over the preset (below the caller's overrides) and a config that contradicts one is refused."""
     training_defaults: ClassVar[dict[str, Any]] = {}
     """Optimisation the scheme's recipe uses (nGPT: no weight decay, no warmup), by ``LlamaLM`` argument name;
-    ``fit``, ``study`` and ``bench`` apply them where the user sets nothing and say so in the log."""
+    ``fit`` and ``study`` (through ``LlamaLM``) apply them where the user sets nothing and say so in the log;
+    ``bench``'s step timings use their own fixed optimizer."""
 
     def mlp_scales(self, dim: int, mlp_dim: int) -> MLPScales:
         """Scales of the MLP's input projections (none by default: the plain SwiGLU)."""
