@@ -14,8 +14,11 @@ site B instead: the approximation assumes attention uniform over all ``T`` token
 the moment of ``h`` where the residual stream is still small (the first layers).
 
 Two implementations of a site compute the same function (``impl``): ``reference`` is the formula in
-plain autograd ops (it saves the tanh output for backward); ``fused`` (and ``auto``, the default)
-saves only the site input and per-token scalars and recomputes the tanh in backward:
+plain autograd ops (it saves the tanh output for backward); ``fused`` saves only the site input and
+per-token scalars and recomputes the tanh in backward. ``auto`` (the default) is ``fused`` on CPU and
+while compiling, and ``reference`` in eager mode on CUDA and other devices: the eager Function was
+measured on CPU only, and on CUDA it runs as one block with several activation-sized float32
+temporaries. The fused paths:
 - eager, ``BHyTSiteFunction``: one autograd Function per site with the statistic inside (site A
   returns its statistic for site B, whose gradient comes back into site A's backward), run over
   cache-sized row blocks so that its intermediates are reused buffers, with ``rational_tanh``
@@ -353,8 +356,9 @@ class BHyT(nn.Module):
         eps: added to the second moment (or variance) inside the square root.
         learnable_lambda: a parameter if True, else a fixed buffer that never trains.
         stat: ``rms`` or ``meanstd`` (see module docstring).
-        impl: ``reference`` (plain ops), ``fused`` or ``auto`` (the same: ``BHyTSiteFunction`` eager, the
-            traced Functions while compiling; see the module docstring).
+        impl: ``reference`` (plain ops), ``fused`` (``BHyTSiteFunction`` eager, the traced Functions while
+            compiling) or ``auto`` (``fused`` while compiling and on CPU; eager on other devices,
+            ``reference``; see the module docstring).
     """
 
     def __init__(
@@ -387,8 +391,11 @@ class BHyT(nn.Module):
             self.lambda_.fill_(self.lambda_init)
 
     def fused(self) -> bool:
-        """Whether this call takes a fused path: ``fused`` and ``auto`` always, ``reference`` never."""
-        return self.impl != "reference"
+        """Whether this call takes a fused path: ``fused`` always, ``reference`` never, ``auto`` while compiling
+        and for parameters on the CPU (the only device ``BHyTSiteFunction`` was measured on)."""
+        if self.impl == "auto":
+            return torch.compiler.is_compiling() or self.weight.device.type == "cpu"
+        return self.impl == "fused"
 
     def eager_function(self) -> bool:
         """Whether this call runs ``BHyTSiteFunction`` (a fused path outside ``torch.compile``)."""
@@ -656,8 +663,9 @@ class BHyTScheme(_BHyTSchemeBase):
         seq_len: ``T`` in ``c = ||W_V W_O||_F^2 / (T d)``: the training sequence length, a run fact
             (``run_facts``) that every entry point binds with ``bind(seq_len=...)``; unbound (None), the
             model uses ``UNBOUND_SEQ_LEN`` = 1024, the paper's pretraining length.
-        impl: ``auto`` (= ``fused``: ``BHyTSiteFunction`` eager, fused ops while compiling) or ``reference``
-            (plain ops); same function either way.
+        impl: ``auto`` (``fused`` on CPU and while compiling, ``reference`` eager on other devices),
+            ``fused`` (``BHyTSiteFunction`` eager, fused ops while compiling) or ``reference`` (plain ops);
+            same function either way.
         exact_layers: layers whose site B uses exact statistics (a second reduction over ``h``, as
             ``bhyt_exact``) instead of the approximation: None (the released method), an int ``k`` for
             the first ``k`` layers, or a list of 0-based layer indices (stored as a sorted tuple).
