@@ -17,7 +17,7 @@ from bhyt_pl.bench.decode import parse_size, profile_generate
 from bhyt_pl.bench.generation import generation_fns
 from bhyt_pl.bench.memory import STEP_SIDES, saved_activation_bytes, step_peak_memory
 from bhyt_pl.bench.models import build_model, compile_blocks, hf_peer, litgpt_available, litgpt_peer
-from bhyt_pl.bench.prenorm import prenorm_step, saving_tanh
+from bhyt_pl.bench.prenorm import prenorm_step
 from bhyt_pl.bench.report import PAPER, markdown, ratio_markdown, throughput_entries, time_entries
 from bhyt_pl.bench.sites import block_norms, memory_bandwidth, site_bytes, site_step
 from bhyt_pl.bench.study_run import study_run_markdown, study_run_table
@@ -317,21 +317,13 @@ def _train(results, variants: list[Variant], settings, device, dtype, sync) -> N
 
 
 def _prenorm(results, variants: list[Variant], settings, device, dtype, sync) -> None:
-    """``prenorm``: both pre-norm sites of a block per scheme, and BHyT's Function saving its tanh."""
+    """``prenorm``: both pre-norm sites of a block per scheme (BHyT's Function saving its tanh is the variant
+    ``bhyt:save_tanh=true``)."""
     for dim in settings["site_dims"]:
         steps = {}
         for v in variants:
             norms = block_norms(v, dim, 16, device, dtype, settings["seq_len"])
             steps[v.label] = prenorm_step(norms, settings["site_tokens"], dim, device, dtype)
-        if "bhyt" in steps:
-            norms = block_norms(parse_variant("bhyt"), dim, 16, device, dtype, settings["seq_len"])
-            saving = prenorm_step(norms, settings["site_tokens"], dim, device, dtype)
-
-            def save_tanh(step=saving) -> None:
-                with saving_tanh():
-                    step()
-
-            steps["bhyt (save tanh)"] = save_tanh
         samples = interleaved(steps, settings["repeats"], warmup=1, sync=sync)
         results.setdefault("prenorm", {})[f"d{dim}"] = {
             "tokens": settings["site_tokens"],
@@ -459,7 +451,7 @@ def _summary(results: dict[str, Any]) -> dict[str, dict[str, float | None]]:
 
     for mode, entries in results.get("train_step", {}).items():
         out[f"train {mode}: bhyt / rmsnorm tokens/s"] = {
-            "ours": ratio(entries, "bhyt", "rmsnorm", "tokens_per_s"),
+            "ours": ratio(entries, "bhyt", BASELINE, "tokens_per_s"),
             "paper": PAPER["train_bhyt_vs_rmsnorm"],
         }
         out[f"train {mode}: bhyt / bhyt_exact tokens/s"] = {
@@ -467,14 +459,14 @@ def _summary(results: dict[str, Any]) -> dict[str, dict[str, float | None]]:
             "paper": PAPER["train_bhyt_vs_bhyt_exact"],
         }
         peer = results["train_step"]["eager"]
-        if PEER in peer and "rmsnorm" in entries:
+        if PEER in peer and BASELINE in entries:
             out[f"train {mode}: ours rmsnorm / transformers eager tokens/s"] = {
-                "ours": entries["rmsnorm"]["tokens_per_s"] / peer[PEER]["tokens_per_s"],
+                "ours": entries[BASELINE]["tokens_per_s"] / peer[PEER]["tokens_per_s"],
                 "paper": None,
             }
-        if LITGPT in entries and "rmsnorm" in entries:
+        if LITGPT in entries and BASELINE in entries:
             out[f"train {mode}: ours rmsnorm / litgpt {mode} tokens/s"] = {
-                "ours": entries["rmsnorm"]["tokens_per_s"] / entries[LITGPT]["tokens_per_s"],
+                "ours": entries[BASELINE]["tokens_per_s"] / entries[LITGPT]["tokens_per_s"],
                 "paper": None,
             }
     for key, by_mode in results.get("sites", {}).items():
@@ -484,11 +476,11 @@ def _summary(results: dict[str, Any]) -> dict[str, dict[str, float | None]]:
                 "paper": PAPER["train_bhyt_vs_bhyt_exact"],
             }
             out[f"sites {key} {mode}: bhyt / dyt time"] = {"ours": ratio(entries, "bhyt", "dyt", "median_s")}
-            out[f"sites {key} {mode}: bhyt / rmsnorm time"] = {"ours": ratio(entries, "bhyt", "rmsnorm", "median_s")}
+            out[f"sites {key} {mode}: bhyt / rmsnorm time"] = {"ours": ratio(entries, "bhyt", BASELINE, "median_s")}
     for mode, parts in results.get("generation", {}).items():
         dec = parts["decode"]
         out[f"decode {mode}: bhyt / rmsnorm tokens/s"] = {
-            "ours": ratio(dec, "bhyt", "rmsnorm", "tokens_per_s"),
+            "ours": ratio(dec, "bhyt", BASELINE, "tokens_per_s"),
             "paper": PAPER["generate_bhyt_vs_rmsnorm"],
         }
         out[f"decode {mode}: bhyt / peri_ln tokens/s"] = {
@@ -496,9 +488,9 @@ def _summary(results: dict[str, Any]) -> dict[str, dict[str, float | None]]:
             "paper": PAPER["generate_bhyt_vs_peri_ln"],
         }
         peer = results["generation"].get("eager", {}).get("decode", {})
-        if "rmsnorm" in dec and PEER in peer:
+        if BASELINE in dec and PEER in peer:
             out[f"decode {mode}: ours rmsnorm / transformers eager tokens/s"] = {
-                "ours": dec["rmsnorm"]["tokens_per_s"] / peer[PEER]["tokens_per_s"],
+                "ours": dec[BASELINE]["tokens_per_s"] / peer[PEER]["tokens_per_s"],
                 "paper": None,
             }
     mem = results.get("step_memory", {})

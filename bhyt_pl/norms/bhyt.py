@@ -73,10 +73,6 @@ _TANH_P = (
 _TANH_Q = (4.89352518554385e-03, 2.26843463243900e-03, 1.18534705686654e-04, 1.19825839466702e-06)
 TANH_CLAMP = 7.90531110763549805
 
-SAVE_TANH = False
-"""Whether the eager ``BHyTSiteFunction`` saves its tanh for backward (one more activation-sized
-tensor per site) instead of recomputing it from the saved input (docs/performance.md)."""
-
 UNBOUND_SEQ_LEN = 1024
 """``T`` of a ``bhyt`` scheme whose ``seq_len`` no run has bound: the paper's pretraining length."""
 
@@ -359,6 +355,8 @@ class BHyT(nn.Module):
         impl: ``reference`` (plain ops), ``fused`` (``BHyTSiteFunction`` eager, the traced Functions while
             compiling) or ``auto`` (``fused`` while compiling and on CPU; eager on other devices,
             ``reference``; see the module docstring).
+        save_tanh: the eager ``BHyTSiteFunction`` saves its tanh for backward (one more activation-sized
+            tensor per site) instead of recomputing it from the saved input (docs/performance.md).
     """
 
     def __init__(
@@ -370,6 +368,7 @@ class BHyT(nn.Module):
         learnable_lambda: bool = True,
         stat: str = "rms",
         impl: str = "auto",
+        save_tanh: bool = False,
     ) -> None:
         super().__init__()
         if stat not in STATS:
@@ -377,7 +376,7 @@ class BHyT(nn.Module):
         if impl not in IMPLS:
             raise ValueError(f"impl must be one of {', '.join(IMPLS)}; got {impl!r}")
         self.dim, self.lambda_init, self.kappa, self.eps, self.stat = dim, lambda_init, kappa, eps, stat
-        self.impl = impl
+        self.impl, self.save_tanh = impl, save_tanh
         self.weight = nn.Parameter(torch.empty(dim))
         if learnable_lambda:
             self.lambda_ = nn.Parameter(torch.empty(1))  # 1-element, not 0-d: FSDP2 shards no scalars
@@ -404,7 +403,7 @@ class BHyT(nn.Module):
     def _function(self, x: torch.Tensor, stats: SiteStats | None):
         mean, spread = (None, None) if stats is None else stats
         return BHyTSiteFunction.apply(
-            x, mean, spread, self.lambda_, self.weight, self.eps, self.kappa, self.stat, SAVE_TANH
+            x, mean, spread, self.lambda_, self.weight, self.eps, self.kappa, self.stat, self.save_tanh
         )
 
     def statistics(self, x: torch.Tensor) -> SiteStats:
@@ -561,10 +560,11 @@ class _BHyTSchemeBase(NormScheme):
         eps: float = 1e-6,
         final_eps: float = 1e-5,
         impl: str = "auto",
+        save_tanh: bool = False,
     ) -> None:
         self.lambda_attn, self.lambda_mlp, self.lambda_final = lambda_attn, lambda_mlp, lambda_final
         self.learnable_lambda, self.p, self.kappa, self.stat = learnable_lambda, p, kappa, stat
-        self.eps, self.final_eps, self.impl = eps, final_eps, impl
+        self.eps, self.final_eps, self.impl, self.save_tanh = eps, final_eps, impl, save_tanh
         problems = []
         for n, v in (("lambda_attn", lambda_attn), ("lambda_mlp", lambda_mlp)):
             if not v > 0:
@@ -583,6 +583,8 @@ class _BHyTSchemeBase(NormScheme):
             problems.append(f"final_eps must be > 0, got {final_eps}")
         if impl not in IMPLS:
             problems.append(f"impl must be one of {', '.join(IMPLS)}; got {impl!r}")
+        if not isinstance(save_tanh, bool):
+            problems.append(f"save_tanh must be true or false, got {save_tanh!r}")
         self._raise_if(problems)
 
     @property
@@ -591,7 +593,9 @@ class _BHyTSchemeBase(NormScheme):
         return float(self.kappa) if self.kappa is not None else 1.0 / math.sqrt(1.0 - self.p)
 
     def _site(self, dim: int, lambda_init: float) -> BHyT:
-        return BHyT(dim, lambda_init, self.kappa_value, self.eps, self.learnable_lambda, self.stat, self.impl)
+        return BHyT(
+            dim, lambda_init, self.kappa_value, self.eps, self.learnable_lambda, self.stat, self.impl, self.save_tanh
+        )
 
     def _seq_len(self) -> int:
         return 1  # unused by the exact scheme
@@ -666,6 +670,9 @@ class BHyTScheme(_BHyTSchemeBase):
         impl: ``auto`` (``fused`` on CPU and while compiling, ``reference`` eager on other devices),
             ``fused`` (``BHyTSiteFunction`` eager, fused ops while compiling) or ``reference`` (plain ops);
             same function either way.
+        save_tanh: the eager ``BHyTSiteFunction`` saves each site's tanh for backward instead of recomputing
+            it (one more activation-sized tensor per site; a memory-for-time variant the bench's ``prenorm``
+            part times as ``bhyt:save_tanh=true``). Same function either way.
         exact_layers: layers whose site B uses exact statistics (a second reduction over ``h``, as
             ``bhyt_exact``) instead of the approximation: None (the released method), an int ``k`` for
             the first ``k`` layers, or a list of 0-based layer indices (stored as a sorted tuple).
@@ -691,12 +698,15 @@ class BHyTScheme(_BHyTSchemeBase):
         seq_len: int | None = None,
         impl: str = "auto",
         exact_layers: int | list[int] | None = None,
+        save_tanh: bool = False,
     ) -> None:
         self.seq_len = seq_len
         if not (seq_len is None or (isinstance(seq_len, int) and not isinstance(seq_len, bool) and seq_len > 0)):
             self._raise_if([f"seq_len must be a positive int (or None until the run binds it), got {seq_len!r}"])
         self.exact_layers = _exact_layers(exact_layers)
-        super().__init__(lambda_attn, lambda_mlp, lambda_final, learnable_lambda, p, kappa, stat, eps, final_eps, impl)
+        super().__init__(
+            lambda_attn, lambda_mlp, lambda_final, learnable_lambda, p, kappa, stat, eps, final_eps, impl, save_tanh
+        )
 
     def _seq_len(self) -> int:
         return self.seq_len if self.seq_len is not None else UNBOUND_SEQ_LEN
