@@ -152,11 +152,16 @@ def reset_scales(module: nn.Module, scales: Sequence[Scale | None]) -> None:
             nn.init.constant_(getattr(module, scale.name), scale.init)
 
 
+def scale_values(module: nn.Module, scale: Scale) -> torch.Tensor:
+    """The effective scale [width]: the parameter ``scale.name`` of ``module`` times ``scale.factor``."""
+    return getattr(module, scale.name) * scale.factor
+
+
 def apply_scale(module: nn.Module, y: torch.Tensor, scale: Scale | None) -> torch.Tensor:
     """``y * stored * factor`` over the last dimension of ``y``; ``y`` itself when the scheme has no scale."""
     if scale is None:
         return y
-    return y * (getattr(module, scale.name) * scale.factor).to(y.dtype)
+    return y * scale_values(module, scale).to(y.dtype)
 
 
 # ----------------------------------------------------------------------------- attention and MLP
@@ -412,8 +417,7 @@ class Llama(nn.Module):
         weight = self.output_weight()
         if self.logit_scale is None:
             return weight
-        scale = getattr(self, self.logit_scale.name) * self.logit_scale.factor  # [V]
-        return weight * scale.to(weight.dtype)[:, None]
+        return weight * scale_values(self, self.logit_scale).to(weight.dtype)[:, None]  # [V, d] * [V, 1]
 
     def output(self, x: torch.Tensor) -> torch.Tensor:
         """Output projection [..., d] -> [..., V] (the embedding matrix when tied), times the logit scale."""

@@ -22,7 +22,7 @@ from bhyt_pl.parallelize import load_full_state_dict, shard_model
 from bhyt_pl.run_config import build_run_config
 from bhyt_pl.validation import raise_if_problems
 
-__all__ = ["LlamaLM", "training_flops_per_token"]
+__all__ = ["LlamaLM"]
 
 log = logging.getLogger(__name__)
 
@@ -250,10 +250,13 @@ class LlamaLM(L.LightningModule):
         out = self(batch["input_ids"], labels=batch["labels"])
         return out.loss, out.tokens
 
-    def expected_flops_per_batch(self, batch_size: int) -> float:
+    def expected_flops_per_batch(self, batch_size: int) -> float | None:
         """Training FLOPs of a batch of ``batch_size`` rows of ``seq_len`` tokens: what ``flops_per_batch``
-        becomes at the first full batch (shown by the model summary before training)."""
+        becomes at the first full batch (shown by the model summary before training); None when the run
+        gave no ``seq_len``."""
         seq_len = self.hparams.seq_len
+        if seq_len is None:
+            return None
         return batch_size * seq_len * training_flops_per_token(self.config, seq_len)
 
     def _update_flops(self, batch: dict[str, torch.Tensor]) -> None:

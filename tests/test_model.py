@@ -75,7 +75,7 @@ def test_convert_helper_round_trip() -> None:
         torch.testing.assert_close(back(idx), model(idx))
     with pytest.raises(ValueError, match="only norm='rmsnorm'"):
         to_hf_llama(Llama(_small("bhyt")))
-    with pytest.raises(ValueError, match="qk_norm=True does not map onto Hugging Face Llama"):
+    with pytest.raises(ValueError, match="qk_norm='head' does not map onto Hugging Face Llama"):
         to_hf_llama(Llama(_small(qk_norm=True)))
 
 

@@ -30,6 +30,12 @@ def test_analytic_flops_match_measure_flops_on_meta() -> None:
         assert B * T * training_flops_per_token(config, T) == pytest.approx(measured, rel=1e-9)
 
 
+def test_expected_flops_per_batch_needs_the_runs_seq_len() -> None:
+    lm = LlamaLM(overrides=TINY_OVERRIDES, seq_len=32)
+    assert lm.expected_flops_per_batch(4) == 4 * 32 * training_flops_per_token(lm.config, 32)
+    assert LlamaLM(overrides=TINY_OVERRIDES).expected_flops_per_batch(4) is None  # no seq_len: no FLOP count
+
+
 def test_loss_is_shifted_cross_entropy_with_ignore_index() -> None:
     lm = LlamaLM(overrides=TINY_OVERRIDES)
     lm.configure_model()

@@ -22,8 +22,9 @@ from bhyt_pl.bench.report import PAPER, markdown, ratio_markdown, throughput_ent
 from bhyt_pl.bench.sites import block_norms, memory_bandwidth, site_bytes, site_step
 from bhyt_pl.bench.study_run import study_run_markdown, study_run_table
 from bhyt_pl.bench.tanh import tanh_table
-from bhyt_pl.bench.timing import interleaved, machine_info, median, paired_ratio, synchronizer
+from bhyt_pl.bench.timing import interleaved, median, paired_ratio, synchronizer
 from bhyt_pl.bench.train_step import train_step
+from bhyt_pl.machine import machine_info
 from bhyt_pl.variants import DEFAULT_VARIANTS, Variant, parse_variant
 
 __all__ = ["DEFAULT_PARTS", "PARTS", "PEER", "main", "parser", "run"]
@@ -298,7 +299,7 @@ def _train(results, variants: list[Variant], settings, device, dtype, sync) -> N
             model = build_model(settings["preset"], v, settings["overrides"], device, dtype, T, batch_size=B)
             if use_compile:
                 compile_blocks(model)
-            step, forward_loss = train_step(model, B, T, model.config.vocab_size)
+            step, forward_loss = train_step(model, B, T, model.config.vocab_size, post_step=model.constrain_weights)
             steps[v.label] = step
             if "memory" in settings["parts"]:
                 step()
@@ -343,7 +344,9 @@ def _train_ratio(results, variants: list[Variant], settings, device, dtype, sync
             model = build_model(settings["preset"], v, settings["overrides"], device, dtype, T)
             if use_compile:
                 compile_blocks(model)
-            steps[f"{mode}/{v.label}"], _ = train_step(model, B, T, model.config.vocab_size)
+            steps[f"{mode}/{v.label}"], _ = train_step(
+                model, B, T, model.config.vocab_size, post_step=model.constrain_weights
+            )
     samples = interleaved(steps, settings["repeats"], warmup=1, sync=sync)
     ratios = {}
     for name, s in samples.items():

@@ -128,12 +128,6 @@ def rational_tanh(z: torch.Tensor) -> torch.Tensor:
     return _rational_tanh(z)
 
 
-def _site_tanh(z: torch.Tensor) -> torch.Tensor:
-    """The fused path's tanh: rational while compiling (one vectorised loop), else ``torch.tanh``
-    (eager, the rational form is eleven kernels and costs more than ATen's tanh)."""
-    return rational_tanh(z) if torch.compiler.is_compiling() else torch.tanh(z)
-
-
 def _rational_tanh(z: torch.Tensor) -> torch.Tensor:
     z = z.clamp(-TANH_CLAMP, TANH_CLAMP)
     z2 = z * z
@@ -148,19 +142,21 @@ def _rational_tanh(z: torch.Tensor) -> torch.Tensor:
 
 class _SiteFunction(torch.autograd.Function):
     """``y = (gamma * tanh(scale * x)).to(x.dtype)``; saves ``x``, ``scale`` [..., 1] and ``gamma``
-    only and recomputes the tanh in backward (one pass over the activations in each direction)."""
+    only and recomputes the tanh in backward (one pass over the activations in each direction). Reached
+    only while ``torch.compile`` traces (eager fused sites run ``BHyTSiteFunction``), so its tanh is
+    ``rational_tanh``, which inductor turns into one vectorised loop."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, scale: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(x, scale, weight)
         xf = x.to(torch.promote_types(x.dtype, torch.float32))
-        return (weight * _site_tanh(scale * xf)).to(x.dtype)
+        return (weight * rational_tanh(scale * xf)).to(x.dtype)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         x, scale, weight = ctx.saved_tensors
         xf = x.to(torch.promote_types(x.dtype, torch.float32))
-        t = _site_tanh(scale * xf)
+        t = rational_tanh(scale * xf)
         g = grad.to(t.dtype)
         gz = g * weight * (1 - t * t)  # d tanh(z)/dz = 1 - tanh^2
         gx = (gz * scale).to(x.dtype) if ctx.needs_input_grad[0] else None
