@@ -49,7 +49,9 @@ def _require_rmsnorm(config: LlamaConfig) -> None:
         raise ValueError(f"only norm='rmsnorm' maps onto Hugging Face Llama; this model uses norm={config.norm!r}")
     if config.qk_norm:
         # LlamaForCausalLM has no query/key norms: a copy without them would compute something else
-        raise ValueError("qk_norm=True does not map onto Hugging Face Llama (it has no q/k norms); use qk_norm=False")
+        raise ValueError(
+            f"qk_norm={config.qk_norm!r} does not map onto Hugging Face Llama (it has no q/k norms); use qk_norm=False"
+        )
 
 
 def hf_key_map(config: LlamaConfig) -> dict[str, str]:

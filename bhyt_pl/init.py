@@ -1,4 +1,4 @@
-"""The weight-init policy, in one place: N(0, std) for every linear and embedding weight (spec
+"""The weight-init policy, in one place: N(0, std) for every linear and embedding weight (docs/method.md,
 section 5), and each norm module's own ``reset_parameters`` for its gains, lambdas and alphas."""
 
 from __future__ import annotations

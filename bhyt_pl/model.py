@@ -152,11 +152,16 @@ def reset_scales(module: nn.Module, scales: Sequence[Scale | None]) -> None:
             nn.init.constant_(getattr(module, scale.name), scale.init)
 
 
+def scale_values(module: nn.Module, scale: Scale) -> torch.Tensor:
+    """The effective scale [width]: the parameter ``scale.name`` of ``module`` times ``scale.factor``."""
+    return getattr(module, scale.name) * scale.factor
+
+
 def apply_scale(module: nn.Module, y: torch.Tensor, scale: Scale | None) -> torch.Tensor:
     """``y * stored * factor`` over the last dimension of ``y``; ``y`` itself when the scheme has no scale."""
     if scale is None:
         return y
-    return y * (getattr(module, scale.name) * scale.factor).to(y.dtype)
+    return y * scale_values(module, scale).to(y.dtype)
 
 
 # ----------------------------------------------------------------------------- attention and MLP
@@ -340,10 +345,12 @@ class Llama(nn.Module):
         return out
 
     @torch.no_grad()
-    def constrain_weights(self) -> None:
+    def constrain_weights(self, *, keep_satisfied: bool = False) -> None:
         """The scheme's weight constraint (nGPT: unit norm along ``d``): after init, after loading weights and,
-        from the trainer, after every optimizer step. A no-op for schemes without one."""
-        self.scheme.constrain_weights(self.width_matrices())
+        from the trainer, after every optimizer step. A no-op for schemes without one. ``keep_satisfied``
+        (used after loading weights) leaves weights that already satisfy the constraint up to rounding
+        bit-for-bit as loaded (``NormScheme.constrain_weights``)."""
+        self.scheme.constrain_weights(self.width_matrices(), keep_satisfied=keep_satisfied)
 
     def refresh_norm_constants(self) -> None:
         """Recompute cached, weight-derived norm constants (BHyT's ``c``) from the current weights."""
@@ -410,8 +417,7 @@ class Llama(nn.Module):
         weight = self.output_weight()
         if self.logit_scale is None:
             return weight
-        scale = getattr(self, self.logit_scale.name) * self.logit_scale.factor  # [V]
-        return weight * scale.to(weight.dtype)[:, None]
+        return weight * scale_values(self, self.logit_scale).to(weight.dtype)[:, None]  # [V, d] * [V, 1]
 
     def output(self, x: torch.Tensor) -> torch.Tensor:
         """Output projection [..., d] -> [..., V] (the embedding matrix when tied), times the logit scale."""
@@ -517,6 +523,7 @@ def _sample(logits: torch.Tensor, temperature: float, top_k: int | None, generat
 
 def _refresh_after_load(module: nn.Module, incompatible_keys) -> None:
     # a state dict never carries ``c`` (non-persistent); recompute it from the loaded weights, and put the
-    # loaded weights back on the scheme's constraint set (nGPT's unit norms)
-    module.constrain_weights()
+    # loaded weights back on the scheme's constraint set (nGPT's unit norms), leaving weights that already
+    # satisfy it exactly as loaded so that resuming is bit-identical
+    module.constrain_weights(keep_satisfied=True)
     module.refresh_norm_constants()

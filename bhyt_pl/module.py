@@ -22,7 +22,7 @@ from bhyt_pl.parallelize import load_full_state_dict, shard_model
 from bhyt_pl.run_config import build_run_config
 from bhyt_pl.validation import raise_if_problems
 
-__all__ = ["LlamaLM", "training_flops_per_token"]
+__all__ = ["LlamaLM"]
 
 log = logging.getLogger(__name__)
 
@@ -250,10 +250,13 @@ class LlamaLM(L.LightningModule):
         out = self(batch["input_ids"], labels=batch["labels"])
         return out.loss, out.tokens
 
-    def expected_flops_per_batch(self, batch_size: int) -> float:
+    def expected_flops_per_batch(self, batch_size: int) -> float | None:
         """Training FLOPs of a batch of ``batch_size`` rows of ``seq_len`` tokens: what ``flops_per_batch``
-        becomes at the first full batch (shown by the model summary before training)."""
+        becomes at the first full batch (shown by the model summary before training); None when the run
+        gave no ``seq_len``."""
         seq_len = self.hparams.seq_len
+        if seq_len is None:
+            return None
         return batch_size * seq_len * training_flops_per_token(self.config, seq_len)
 
     def _update_flops(self, batch: dict[str, torch.Tensor]) -> None:
@@ -329,15 +332,22 @@ class LlamaLM(L.LightningModule):
 TRAINING_DEFAULTS = {"weight_decay": 0.1, "warmup_ratio": 0.05, "warmup_steps": None}
 """``LlamaLM``'s optimisation defaults where neither the user nor the norm scheme's recipe sets a value."""
 
+ALTERNATIVE_SETTINGS = (("warmup_ratio", "warmup_steps"),)
+"""Settings that say the same thing two ways (``configure_optimizers`` prefers ``warmup_steps``): once the user
+sets one of a group, the scheme's recipe supplies none of it, so it cannot override the user's choice."""
+
 
 def resolve_training_defaults(
     scheme: NormScheme, given: dict[str, Any], log: Callable[[str], None] | None = None
 ) -> dict[str, Any]:
     """``given`` (optimisation settings by ``LlamaLM`` argument name, None where the user set nothing) with each
-    unset one taken from the scheme's ``training_defaults``, else ``TRAINING_DEFAULTS``; logs (once per process)
-    which values the scheme's recipe supplied. Used by ``LlamaLM`` and so by ``fit``, ``study`` and ``bench``."""
+    unset one taken from the scheme's ``training_defaults``, else ``TRAINING_DEFAULTS``; a group of
+    ``ALTERNATIVE_SETTINGS`` takes nothing from the scheme when the user set any of it. Logs, on every call,
+    which values the scheme's recipe supplied. Used by ``LlamaLM`` and so by ``fit`` and ``study``."""
     out = {k: v for k, v in given.items()}
-    from_scheme = {k: v for k, v in scheme.training_defaults.items() if k in out and out[k] is None}
+    user_set = {k for k, v in out.items() if v is not None}
+    chosen = {k for group in ALTERNATIVE_SETTINGS if user_set.intersection(group) for k in group}
+    from_scheme = {k: v for k, v in scheme.training_defaults.items() if k in out and out[k] is None and k not in chosen}
     for key, value in out.items():
         if value is None:
             out[key] = from_scheme.get(key, TRAINING_DEFAULTS.get(key))

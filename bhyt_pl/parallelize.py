@@ -11,14 +11,12 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from bhyt_pl.tensors import full_tensor
-
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
     from bhyt_pl.model import Llama
 
-__all__ = ["full_tensor", "full_weights", "is_dtensor_sharded", "load_full_state_dict", "shard_model"]
+__all__ = ["full_weights", "is_dtensor_sharded", "load_full_state_dict", "shard_model"]
 
 
 def shard_model(
@@ -45,7 +43,7 @@ def shard_model(
 
 def full_weights(module: nn.Module) -> AbstractContextManager:
     """A context in which FSDP1 modules expose their full, unflattened weights (a collective: every rank
-    enters it on the same steps). FSDP2 and unsharded modules need nothing: use ``full_tensor``."""
+    enters it on the same steps). FSDP2 and unsharded modules need nothing: use ``bhyt_pl.tensors.full_tensor``."""
     from torch.distributed.fsdp import FullyShardedDataParallel
 
     if any(isinstance(m, FullyShardedDataParallel) for m in module.modules()):

@@ -355,3 +355,10 @@ def test_export_refuses_a_non_empty_folder_unless_overwrite(tmp_path: Path, monk
     assert main(["export", "--ckpt_path", str(ckpt), "--out", str(out), "--overwrite"]) == 0
     assert (out / "notes.txt").read_text() == "my notes"  # only the files the export writes are replaced
     assert transformers.AutoConfig.from_pretrained(out).model_type == "llama"
+
+
+def test_hf_key_map_refuses_query_key_norms_naming_the_value() -> None:
+    from bhyt_pl.convert import hf_key_map
+
+    with pytest.raises(ValueError, match=r"qk_norm='full' does not map onto Hugging Face Llama .* use qk_norm=False"):
+        hf_key_map(_config(qk_norm="full"))

@@ -75,7 +75,7 @@ def test_convert_helper_round_trip() -> None:
         torch.testing.assert_close(back(idx), model(idx))
     with pytest.raises(ValueError, match="only norm='rmsnorm'"):
         to_hf_llama(Llama(_small("bhyt")))
-    with pytest.raises(ValueError, match="qk_norm=True does not map onto Hugging Face Llama"):
+    with pytest.raises(ValueError, match="qk_norm='head' does not map onto Hugging Face Llama"):
         to_hf_llama(Llama(_small(qk_norm=True)))
 
 
@@ -420,3 +420,49 @@ def test_compiled_generate_equals_eager_without_recompiling() -> None:
     longer = model.generate(prompt[:, :3], max_new_tokens=20, compile=True)  # 23 tokens: the same 64 bucket
     assert counters["stats"]["unique_graphs"] == 1 and not counters["recompiles"]
     assert torch.equal(longer, model.generate(prompt[:, :3], max_new_tokens=20))
+
+
+@pytest.mark.parametrize("norm", SCHEMES)
+def test_forward_backward_under_bf16_autocast(norm: str) -> None:
+    """bf16-mixed as Lightning runs it: float32 parameters, the forward under ``torch.autocast`` (bfloat16),
+    so a scheme that mixes a float32 stream with a bfloat16 matmul output must promote (nGPT's update)."""
+    settings = build_norm_scheme(norm).model_settings
+    torch.manual_seed(0)
+    model = Llama(_small(norm, **settings))
+    idx = torch.randint(0, 97, (2, 16))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(idx)
+    loss = F.cross_entropy(logits.float().flatten(0, 1), idx.roll(-1, dims=1).flatten())
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_ngpt_load_keeps_unit_weights_bit_identical_and_normalises_others() -> None:
+    """Resuming nGPT is exact: a state dict saved after a constrained step loads bit for bit (renormalising
+    unit rows would move many elements by an ulp), while rows off the sphere are still normalised."""
+    torch.manual_seed(0)
+    model = Llama(_small("ngpt"))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    idx = torch.randint(0, 97, (2, 12))
+    model(idx, labels=idx).loss.backward()
+    optimizer.step()
+    model.constrain_weights()  # LlamaLM.optimizer_step's hook
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    renormalised = Llama(_small("ngpt"))
+    renormalised.load_state_dict(saved)
+    renormalised.constrain_weights()  # what loading did before: some elements move by an ulp
+    assert any(not torch.equal(v, saved[k]) for k, v in renormalised.state_dict().items())
+    fresh = Llama(_small("ngpt"))
+    fresh.load_state_dict(saved)
+    for key, value in fresh.state_dict().items():
+        assert torch.equal(value, saved[key]), key
+    off = dict(saved)
+    off["layers.0.attn.q_proj.weight"] = saved["layers.0.attn.q_proj.weight"].clone()
+    off["layers.0.attn.q_proj.weight"][3] *= 1.01  # one row off the sphere
+    off["layers.0.attn.o_proj.weight"] = saved["layers.0.attn.o_proj.weight"] * 2  # every column
+    fresh.load_state_dict(off)
+    q, o = fresh.layers[0].attn.q_proj.weight, fresh.layers[0].attn.o_proj.weight
+    torch.testing.assert_close(q.norm(dim=-1), torch.ones(q.shape[0]))
+    torch.testing.assert_close(o.norm(dim=0), torch.ones(o.shape[1]))
+    assert torch.equal(q[:3], saved["layers.0.attn.q_proj.weight"][:3])  # unit rows untouched

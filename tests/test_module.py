@@ -30,6 +30,12 @@ def test_analytic_flops_match_measure_flops_on_meta() -> None:
         assert B * T * training_flops_per_token(config, T) == pytest.approx(measured, rel=1e-9)
 
 
+def test_expected_flops_per_batch_needs_the_runs_seq_len() -> None:
+    lm = LlamaLM(overrides=TINY_OVERRIDES, seq_len=32)
+    assert lm.expected_flops_per_batch(4) == 4 * 32 * training_flops_per_token(lm.config, 32)
+    assert LlamaLM(overrides=TINY_OVERRIDES).expected_flops_per_batch(4) is None  # no seq_len: no FLOP count
+
+
 def test_loss_is_shifted_cross_entropy_with_ignore_index() -> None:
     lm = LlamaLM(overrides=TINY_OVERRIDES)
     lm.configure_model()
@@ -93,6 +99,8 @@ def test_ngpt_recipe_and_post_step_weight_constraint(caplog) -> None:
     assert "norm 'ngpt': weight_decay=0.0, warmup_steps=0 from its recipe" in caplog.text
     mine = LlamaLM(overrides=TINY_OVERRIDES, norm="ngpt", weight_decay=0.05, warmup_steps=3)
     assert (mine.hparams.weight_decay, mine.hparams.warmup_steps) == (0.05, 3)
+    ratio = LlamaLM(overrides=TINY_OVERRIDES, norm="ngpt", warmup_ratio=0.2)  # the recipe's warmup_steps=0 would win
+    assert (ratio.hparams.weight_decay, ratio.hparams.warmup_ratio, ratio.hparams.warmup_steps) == (0.0, 0.2, None)
     plain = LlamaLM(overrides=TINY_OVERRIDES)
     assert (plain.hparams.weight_decay, plain.hparams.warmup_ratio, plain.hparams.warmup_steps) == (0.1, 0.05, None)
     trainer = quiet_trainer(max_steps=2)

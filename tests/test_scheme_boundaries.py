@@ -13,13 +13,8 @@ from bhyt_pl.norms import registered_norms
 
 PACKAGE = Path(__file__).resolve().parents[1] / "bhyt_pl"
 EXEMPT = {"norms", "convert.py"}
-ALLOWED: set[tuple[str, str]] = {
-    # the bench sets BHyT's cached constant of a block built without attention weights, and the module
-    # reads back which run facts a recipe set; both go away with the one config-building function (issue 22,
-    # items 1 and 4), which owns these files
-    ("bench/sites.py", 'hasattr(norms, "c")'),
-    ("module.py", "explicit={k for k in scheme.run_facts if getattr(scheme, k) is not None}"),
-}
+ALLOWED: set[tuple[str, str]] = set()
+"""``(file, snippet)`` pairs that may match a pattern; empty: every former exception now uses an interface."""
 
 
 def _patterns() -> list[re.Pattern[str]]:
@@ -29,6 +24,7 @@ def _patterns() -> list[re.Pattern[str]]:
         re.compile(rf"(?:==|!=)\s*{name}"),  # x == "bhyt"
         re.compile(rf"{name}\s*(?:==|!=)"),  # "bhyt" == x
         re.compile(rf"\b(?:not\s+)?in\s*[(\[{{]\s*{name}"),  # x in ("bhyt", ...)
+        re.compile(rf"{name}\s+(?:not\s+)?in\s+[\w(\[{{]"),  # "bhyt" in steps
         re.compile(r"\b(?:\w*scheme\w*|norms|site)(?:\(\))?\.name\s*(?:==|!=)"),  # scheme.name == other
         re.compile(r"\b(?:getattr|hasattr)\(\s*(?:[\w.]+\.)?(?:norms|site|\w*scheme)\b"),
     ]
@@ -49,6 +45,8 @@ def _violations(text: str) -> list[tuple[int, str]]:
         'approximated = getattr(norms, "approximate", False)',
         'if hasattr(block.norms, "pre_attn"):',
         'if hasattr(site, "spread"):',
+        'if "bhyt" in steps:',
+        'if PEER in peer and "rmsnorm" not in entries:',
     ],
 )
 def test_the_patterns_catch_what_they_forbid(line: str) -> None:

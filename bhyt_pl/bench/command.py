@@ -17,13 +17,14 @@ from bhyt_pl.bench.decode import parse_size, profile_generate
 from bhyt_pl.bench.generation import generation_fns
 from bhyt_pl.bench.memory import STEP_SIDES, saved_activation_bytes, step_peak_memory
 from bhyt_pl.bench.models import build_model, compile_blocks, hf_peer, litgpt_available, litgpt_peer
-from bhyt_pl.bench.prenorm import prenorm_step, saving_tanh
+from bhyt_pl.bench.prenorm import prenorm_step
 from bhyt_pl.bench.report import PAPER, markdown, ratio_markdown, throughput_entries, time_entries
 from bhyt_pl.bench.sites import block_norms, memory_bandwidth, site_bytes, site_step
 from bhyt_pl.bench.study_run import study_run_markdown, study_run_table
 from bhyt_pl.bench.tanh import tanh_table
-from bhyt_pl.bench.timing import interleaved, machine_info, median, paired_ratio, synchronizer
+from bhyt_pl.bench.timing import interleaved, median, paired_ratio, synchronizer
 from bhyt_pl.bench.train_step import train_step
+from bhyt_pl.machine import machine_info
 from bhyt_pl.variants import DEFAULT_VARIANTS, Variant, parse_variant
 
 __all__ = ["DEFAULT_PARTS", "PARTS", "PEER", "main", "parser", "run"]
@@ -298,7 +299,7 @@ def _train(results, variants: list[Variant], settings, device, dtype, sync) -> N
             model = build_model(settings["preset"], v, settings["overrides"], device, dtype, T, batch_size=B)
             if use_compile:
                 compile_blocks(model)
-            step, forward_loss = train_step(model, B, T, model.config.vocab_size)
+            step, forward_loss = train_step(model, B, T, model.config.vocab_size, post_step=model.constrain_weights)
             steps[v.label] = step
             if "memory" in settings["parts"]:
                 step()
@@ -317,21 +318,13 @@ def _train(results, variants: list[Variant], settings, device, dtype, sync) -> N
 
 
 def _prenorm(results, variants: list[Variant], settings, device, dtype, sync) -> None:
-    """``prenorm``: both pre-norm sites of a block per scheme, and BHyT's Function saving its tanh."""
+    """``prenorm``: both pre-norm sites of a block per scheme (BHyT's Function saving its tanh is the variant
+    ``bhyt:save_tanh=true``)."""
     for dim in settings["site_dims"]:
         steps = {}
         for v in variants:
             norms = block_norms(v, dim, 16, device, dtype, settings["seq_len"])
             steps[v.label] = prenorm_step(norms, settings["site_tokens"], dim, device, dtype)
-        if "bhyt" in steps:
-            norms = block_norms(parse_variant("bhyt"), dim, 16, device, dtype, settings["seq_len"])
-            saving = prenorm_step(norms, settings["site_tokens"], dim, device, dtype)
-
-            def save_tanh(step=saving) -> None:
-                with saving_tanh():
-                    step()
-
-            steps["bhyt (save tanh)"] = save_tanh
         samples = interleaved(steps, settings["repeats"], warmup=1, sync=sync)
         results.setdefault("prenorm", {})[f"d{dim}"] = {
             "tokens": settings["site_tokens"],
@@ -351,7 +344,9 @@ def _train_ratio(results, variants: list[Variant], settings, device, dtype, sync
             model = build_model(settings["preset"], v, settings["overrides"], device, dtype, T)
             if use_compile:
                 compile_blocks(model)
-            steps[f"{mode}/{v.label}"], _ = train_step(model, B, T, model.config.vocab_size)
+            steps[f"{mode}/{v.label}"], _ = train_step(
+                model, B, T, model.config.vocab_size, post_step=model.constrain_weights
+            )
     samples = interleaved(steps, settings["repeats"], warmup=1, sync=sync)
     ratios = {}
     for name, s in samples.items():
@@ -459,7 +454,7 @@ def _summary(results: dict[str, Any]) -> dict[str, dict[str, float | None]]:
 
     for mode, entries in results.get("train_step", {}).items():
         out[f"train {mode}: bhyt / rmsnorm tokens/s"] = {
-            "ours": ratio(entries, "bhyt", "rmsnorm", "tokens_per_s"),
+            "ours": ratio(entries, "bhyt", BASELINE, "tokens_per_s"),
             "paper": PAPER["train_bhyt_vs_rmsnorm"],
         }
         out[f"train {mode}: bhyt / bhyt_exact tokens/s"] = {
@@ -467,14 +462,14 @@ def _summary(results: dict[str, Any]) -> dict[str, dict[str, float | None]]:
             "paper": PAPER["train_bhyt_vs_bhyt_exact"],
         }
         peer = results["train_step"]["eager"]
-        if PEER in peer and "rmsnorm" in entries:
+        if PEER in peer and BASELINE in entries:
             out[f"train {mode}: ours rmsnorm / transformers eager tokens/s"] = {
-                "ours": entries["rmsnorm"]["tokens_per_s"] / peer[PEER]["tokens_per_s"],
+                "ours": entries[BASELINE]["tokens_per_s"] / peer[PEER]["tokens_per_s"],
                 "paper": None,
             }
-        if LITGPT in entries and "rmsnorm" in entries:
+        if LITGPT in entries and BASELINE in entries:
             out[f"train {mode}: ours rmsnorm / litgpt {mode} tokens/s"] = {
-                "ours": entries["rmsnorm"]["tokens_per_s"] / entries[LITGPT]["tokens_per_s"],
+                "ours": entries[BASELINE]["tokens_per_s"] / entries[LITGPT]["tokens_per_s"],
                 "paper": None,
             }
     for key, by_mode in results.get("sites", {}).items():
@@ -484,11 +479,11 @@ def _summary(results: dict[str, Any]) -> dict[str, dict[str, float | None]]:
                 "paper": PAPER["train_bhyt_vs_bhyt_exact"],
             }
             out[f"sites {key} {mode}: bhyt / dyt time"] = {"ours": ratio(entries, "bhyt", "dyt", "median_s")}
-            out[f"sites {key} {mode}: bhyt / rmsnorm time"] = {"ours": ratio(entries, "bhyt", "rmsnorm", "median_s")}
+            out[f"sites {key} {mode}: bhyt / rmsnorm time"] = {"ours": ratio(entries, "bhyt", BASELINE, "median_s")}
     for mode, parts in results.get("generation", {}).items():
         dec = parts["decode"]
         out[f"decode {mode}: bhyt / rmsnorm tokens/s"] = {
-            "ours": ratio(dec, "bhyt", "rmsnorm", "tokens_per_s"),
+            "ours": ratio(dec, "bhyt", BASELINE, "tokens_per_s"),
             "paper": PAPER["generate_bhyt_vs_rmsnorm"],
         }
         out[f"decode {mode}: bhyt / peri_ln tokens/s"] = {
@@ -496,9 +491,9 @@ def _summary(results: dict[str, Any]) -> dict[str, dict[str, float | None]]:
             "paper": PAPER["generate_bhyt_vs_peri_ln"],
         }
         peer = results["generation"].get("eager", {}).get("decode", {})
-        if "rmsnorm" in dec and PEER in peer:
+        if BASELINE in dec and PEER in peer:
             out[f"decode {mode}: ours rmsnorm / transformers eager tokens/s"] = {
-                "ours": dec["rmsnorm"]["tokens_per_s"] / peer[PEER]["tokens_per_s"],
+                "ours": dec[BASELINE]["tokens_per_s"] / peer[PEER]["tokens_per_s"],
                 "paper": None,
             }
     mem = results.get("step_memory", {})

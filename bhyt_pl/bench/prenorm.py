@@ -8,15 +8,13 @@ approximated moment and its gradient path into ``x`` are timed as in a block.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 import torch
 
 from bhyt_pl.norms import BlockNorms
-from bhyt_pl.norms import bhyt as bhyt_module
 
-__all__ = ["prenorm_step", "saving_tanh"]
+__all__ = ["prenorm_step"]
 
 
 def prenorm_step(
@@ -37,14 +35,3 @@ def prenorm_step(
             t.grad = None
 
     return step
-
-
-@contextmanager
-def saving_tanh() -> Iterator[None]:
-    """``BHyTSiteFunction`` saves its tanh for backward instead of recomputing it, while inside."""
-    saved = bhyt_module.SAVE_TANH
-    bhyt_module.SAVE_TANH = True
-    try:
-        yield
-    finally:
-        bhyt_module.SAVE_TANH = saved

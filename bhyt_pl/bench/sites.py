@@ -24,7 +24,9 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from bhyt_pl.norms import BlockNorms
+from bhyt_pl.config import LlamaConfig
+from bhyt_pl.model import Attention
+from bhyt_pl.norms import BlockNorms, NormScheme
 from bhyt_pl.run_config import build_run_config
 from bhyt_pl.variants import Variant
 
@@ -64,19 +66,29 @@ def memory_bandwidth(device: torch.device, nbytes: int = 256 * 2**20, repeats: i
 def block_norms(
     variant: Variant, dim: int, n_layers: int, device: torch.device, dtype: torch.dtype, seq_len: int
 ) -> BlockNorms:
-    """The norms of block 0 of ``n_layers`` for ``variant``, bound to the training length ``seq_len``;
-    BHyT's cached ``c`` set to a typical 0.5 (there are no attention weights to derive it from)."""
+    """The norms of block 0 of ``n_layers`` for ``variant``, bound to the training length ``seq_len``, with
+    their weight-derived constants refreshed from a stand-in attention (BHyT's ``c`` comes out at a typical
+    0.5; any positive value exercises the correction)."""
     # the scheme of a model of this width and depth, built as every run builds it; the attention's shape
-    # (one head of width 2) never reaches the norms
+    # (one head of width 2) reaches the norms only through refresh_constants
     shape = {"dim": dim, "n_layers": n_layers, "n_heads": 1, "n_kv_heads": 1, "head_dim": 2, "max_seq_len": seq_len}
     config = build_run_config("tiny", variant.norm, variant.norm_args, shape, {"seq_len": seq_len})
     scheme = config.norm_scheme()
     norms = scheme.block_norms(dim, 0, n_layers)
     norms = norms.to(device=device, dtype=dtype)
-    if hasattr(norms, "c"):
-        with torch.no_grad():
-            norms.c.fill_(0.5)  # a float32 buffer; any positive value exercises the correction
+    norms.refresh_constants(_stand_in_attention(config, scheme, seq_len).to(device))
     return norms
+
+
+def _stand_in_attention(config: LlamaConfig, scheme: NormScheme, seq_len: int) -> Attention:
+    """Block 0's attention with constant value and output weights ``a``: ``W_O W_V`` is ``2 a^2`` everywhere
+    ([d, d]), so ``c = ||W_O W_V||_F^2 / (T d) = 4 a^4 d / T``, 0.5 for ``a = (T / (8 d))^(1/4)``."""
+    attn = Attention(config, 0, scheme)
+    a = (seq_len / (8 * config.dim)) ** 0.25
+    with torch.no_grad():
+        attn.v_proj.weight.fill_(a)
+        attn.o_proj.weight.fill_(a)
+    return attn
 
 
 def _forward(norms: BlockNorms, x: torch.Tensor, a: torch.Tensor, m: torch.Tensor):

@@ -15,9 +15,7 @@ from collections.abc import Callable
 
 import torch
 
-from bhyt_pl.machine import machine_info
-
-__all__ = ["interleaved", "machine_info", "median", "paired_ratio", "synchronizer"]
+__all__ = ["interleaved", "median", "paired_ratio", "synchronizer"]
 
 
 def synchronizer(device: torch.device) -> Callable[[], None]:

@@ -3,14 +3,25 @@ post-step weight constraint) of a whole model."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
 __all__ = ["train_step"]
 
 
-def train_step(model: torch.nn.Module, batch: int, seq_len: int, vocab: int, hf: bool = False):
-    """``(step, forward_loss)`` on fixed random tokens; ``hf`` reads ``.logits`` of a transformers model.
+def train_step(
+    model: torch.nn.Module,
+    batch: int,
+    seq_len: int,
+    vocab: int,
+    hf: bool = False,
+    post_step: Callable[[], None] | None = None,
+):
+    """``(step, forward_loss)`` on fixed random tokens; ``hf`` reads ``.logits`` of a transformers model;
+    ``post_step`` runs after each optimizer step (ours: ``Llama.constrain_weights``, nGPT's weight
+    constraint, as in fit; peers: None).
 
     The loss is computed here, outside both models, so ours and Hugging Face's do identical work.
     """
@@ -25,13 +36,11 @@ def train_step(model: torch.nn.Module, batch: int, seq_len: int, vocab: int, hf:
         logits = model(input_ids=inputs).logits if hf else model(inputs)  # [B, T, V]
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
-    constrain = getattr(model, "constrain_weights", None)  # the norm scheme's post-step hook (nGPT), as in fit
-
     def step() -> None:
         forward_loss().backward()
         optimizer.step()
-        if constrain is not None:
-            constrain()
+        if post_step is not None:
+            post_step()
         optimizer.zero_grad(set_to_none=True)
 
     return step, forward_loss

@@ -53,7 +53,6 @@ from bhyt_pl.callbacks.blocks import BlocksSpec, LocatedBlocks, locate_blocks
 from bhyt_pl.callbacks.layer_metrics import LayerMetrics, layer_key, layer_width, split_layer_key
 from bhyt_pl.callbacks.loggers import log_figures
 from bhyt_pl.norms import BlockNorms
-from bhyt_pl.norms.bhyt import MOMENT_RATIO_FIRST_POSITIONS
 
 __all__ = ["DepthStatsMonitor", "DepthStatsCollector", "SITES"]
 
@@ -61,9 +60,6 @@ log = logging.getLogger(__name__)
 
 SITES = ("attn_in", "attn_out", "attn_res", "mlp_in", "mlp_out", "mlp_res")
 """Norm-site submodules of ``Block.norms`` (``layers.<i>.norms.<site>``)."""
-
-FIRST_POSITIONS = MOMENT_RATIO_FIRST_POSITIONS
-"""``bhyt_moment_ratio_first8`` covers sequence positions ``0 .. FIRST_POSITIONS - 1``."""
 
 
 class DepthStatsCollector:

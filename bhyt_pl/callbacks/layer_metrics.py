@@ -116,10 +116,11 @@ class LayerMetrics:
         return torch.cat([sums, counts, maxes])  # one collective for everything
 
     def unpack(self, values: list[float]) -> dict[str, float]:
-        """``{key: sum / count}`` and ``{key: maximum}`` from the values of a (reduced) ``pack``."""
+        """``{key: sum / count}`` and ``{key: maximum}`` from the values of a (reduced) ``pack``; a mean over no
+        items (count 0 on every rank) has no value and its key is left out."""
         mean_keys, max_keys = sorted(self._sums), sorted(self._maxes)
         m = len(mean_keys)
-        result = {k: values[i] / max(values[m + i], 1e-30) for i, k in enumerate(mean_keys)}
+        result = {k: values[i] / values[m + i] for i, k in enumerate(mean_keys) if values[m + i] > 0}
         result.update({k: values[2 * m + i] for i, k in enumerate(max_keys)})
         return result
 

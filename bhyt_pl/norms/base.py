@@ -387,7 +387,8 @@ class NormScheme:
     applies them over the preset (below the caller's overrides) and a config that contradicts one is refused."""
     training_defaults: ClassVar[dict[str, Any]] = {}
     """Optimisation the scheme's recipe uses (nGPT: no weight decay, no warmup), by ``LlamaLM`` argument name;
-    ``fit``, ``study`` and ``bench`` apply them where the user sets nothing and say so in the log."""
+    ``fit`` and ``study`` (through ``LlamaLM``) apply them where the user sets nothing and say so in the log;
+    ``bench``'s step timings use their own fixed optimizer."""
 
     def mlp_scales(self, dim: int, mlp_dim: int) -> MLPScales:
         """Scales of the MLP's input projections (none by default: the plain SwiGLU)."""
@@ -397,12 +398,14 @@ class NormScheme:
         """A scale of the logits, applied by ``Llama.output`` and by the chunked loss alike (None by default)."""
         return None
 
-    def constrain_weights(self, matrices: list[tuple[torch.Tensor, int]]) -> None:
+    def constrain_weights(self, matrices: list[tuple[torch.Tensor, int]], *, keep_satisfied: bool = False) -> None:
         """Project weights back onto the scheme's constraint set, in place, under ``torch.no_grad``.
 
         ``matrices`` is every weight matrix of the model with the dimension that runs along the model width
         ``d`` (``Llama.width_matrices``); the model calls this after initialisation, after loading weights and
-        after every optimizer step. A no-op by default. Weights may be FSDP2 ``DTensor`` shards: reductions
+        after every optimizer step. With ``keep_satisfied`` (after loading weights) a scheme leaves weights
+        that already satisfy its constraint up to rounding untouched, so a resumed run is bit-identical to
+        the uninterrupted one. A no-op by default. Weights may be FSDP2 ``DTensor`` shards: reductions
         over a sharded dimension must go through DTensor ops (which reduce across ranks), not local tensors.
         """
 

@@ -14,8 +14,11 @@ site B instead: the approximation assumes attention uniform over all ``T`` token
 the moment of ``h`` where the residual stream is still small (the first layers).
 
 Two implementations of a site compute the same function (``impl``): ``reference`` is the formula in
-plain autograd ops (it saves the tanh output for backward); ``fused`` (and ``auto``, the default)
-saves only the site input and per-token scalars and recomputes the tanh in backward:
+plain autograd ops (it saves the tanh output for backward); ``fused`` saves only the site input and
+per-token scalars and recomputes the tanh in backward. ``auto`` (the default) is ``fused`` on CPU and
+while compiling, and ``reference`` in eager mode on CUDA and other devices: the eager Function was
+measured on CPU only, and on CUDA it runs as one block with several activation-sized float32
+temporaries. The fused paths:
 - eager, ``BHyTSiteFunction``: one autograd Function per site with the statistic inside (site A
   returns its statistic for site B, whose gradient comes back into site A's backward), run over
   cache-sized row blocks so that its intermediates are reused buffers, with ``rational_tanh``
@@ -69,10 +72,6 @@ _TANH_P = (
 )
 _TANH_Q = (4.89352518554385e-03, 2.26843463243900e-03, 1.18534705686654e-04, 1.19825839466702e-06)
 TANH_CLAMP = 7.90531110763549805
-
-SAVE_TANH = False
-"""Whether the eager ``BHyTSiteFunction`` saves its tanh for backward (one more activation-sized
-tensor per site) instead of recomputing it from the saved input (docs/performance.md)."""
 
 UNBOUND_SEQ_LEN = 1024
 """``T`` of a ``bhyt`` scheme whose ``seq_len`` no run has bound: the paper's pretraining length."""
@@ -129,12 +128,6 @@ def rational_tanh(z: torch.Tensor) -> torch.Tensor:
     return _rational_tanh(z)
 
 
-def _site_tanh(z: torch.Tensor) -> torch.Tensor:
-    """The fused path's tanh: rational while compiling (one vectorised loop), else ``torch.tanh``
-    (eager, the rational form is eleven kernels and costs more than ATen's tanh)."""
-    return rational_tanh(z) if torch.compiler.is_compiling() else torch.tanh(z)
-
-
 def _rational_tanh(z: torch.Tensor) -> torch.Tensor:
     z = z.clamp(-TANH_CLAMP, TANH_CLAMP)
     z2 = z * z
@@ -149,19 +142,21 @@ def _rational_tanh(z: torch.Tensor) -> torch.Tensor:
 
 class _SiteFunction(torch.autograd.Function):
     """``y = (gamma * tanh(scale * x)).to(x.dtype)``; saves ``x``, ``scale`` [..., 1] and ``gamma``
-    only and recomputes the tanh in backward (one pass over the activations in each direction)."""
+    only and recomputes the tanh in backward (one pass over the activations in each direction). Reached
+    only while ``torch.compile`` traces (eager fused sites run ``BHyTSiteFunction``), so its tanh is
+    ``rational_tanh``, which inductor turns into one vectorised loop."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, scale: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(x, scale, weight)
         xf = x.to(torch.promote_types(x.dtype, torch.float32))
-        return (weight * _site_tanh(scale * xf)).to(x.dtype)
+        return (weight * rational_tanh(scale * xf)).to(x.dtype)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         x, scale, weight = ctx.saved_tensors
         xf = x.to(torch.promote_types(x.dtype, torch.float32))
-        t = _site_tanh(scale * xf)
+        t = rational_tanh(scale * xf)
         g = grad.to(t.dtype)
         gz = g * weight * (1 - t * t)  # d tanh(z)/dz = 1 - tanh^2
         gx = (gz * scale).to(x.dtype) if ctx.needs_input_grad[0] else None
@@ -353,8 +348,11 @@ class BHyT(nn.Module):
         eps: added to the second moment (or variance) inside the square root.
         learnable_lambda: a parameter if True, else a fixed buffer that never trains.
         stat: ``rms`` or ``meanstd`` (see module docstring).
-        impl: ``reference`` (plain ops), ``fused`` or ``auto`` (the same: ``BHyTSiteFunction`` eager, the
-            traced Functions while compiling; see the module docstring).
+        impl: ``reference`` (plain ops), ``fused`` (``BHyTSiteFunction`` eager, the traced Functions while
+            compiling) or ``auto`` (``fused`` while compiling and on CPU; eager on other devices,
+            ``reference``; see the module docstring).
+        save_tanh: the eager ``BHyTSiteFunction`` saves its tanh for backward (one more activation-sized
+            tensor per site) instead of recomputing it from the saved input (docs/performance.md).
     """
 
     def __init__(
@@ -366,6 +364,7 @@ class BHyT(nn.Module):
         learnable_lambda: bool = True,
         stat: str = "rms",
         impl: str = "auto",
+        save_tanh: bool = False,
     ) -> None:
         super().__init__()
         if stat not in STATS:
@@ -373,7 +372,7 @@ class BHyT(nn.Module):
         if impl not in IMPLS:
             raise ValueError(f"impl must be one of {', '.join(IMPLS)}; got {impl!r}")
         self.dim, self.lambda_init, self.kappa, self.eps, self.stat = dim, lambda_init, kappa, eps, stat
-        self.impl = impl
+        self.impl, self.save_tanh = impl, save_tanh
         self.weight = nn.Parameter(torch.empty(dim))
         if learnable_lambda:
             self.lambda_ = nn.Parameter(torch.empty(1))  # 1-element, not 0-d: FSDP2 shards no scalars
@@ -387,8 +386,11 @@ class BHyT(nn.Module):
             self.lambda_.fill_(self.lambda_init)
 
     def fused(self) -> bool:
-        """Whether this call takes a fused path: ``fused`` and ``auto`` always, ``reference`` never."""
-        return self.impl != "reference"
+        """Whether this call takes a fused path: ``fused`` always, ``reference`` never, ``auto`` while compiling
+        and for parameters on the CPU (the only device ``BHyTSiteFunction`` was measured on)."""
+        if self.impl == "auto":
+            return torch.compiler.is_compiling() or self.weight.device.type == "cpu"
+        return self.impl == "fused"
 
     def eager_function(self) -> bool:
         """Whether this call runs ``BHyTSiteFunction`` (a fused path outside ``torch.compile``)."""
@@ -397,7 +399,7 @@ class BHyT(nn.Module):
     def _function(self, x: torch.Tensor, stats: SiteStats | None):
         mean, spread = (None, None) if stats is None else stats
         return BHyTSiteFunction.apply(
-            x, mean, spread, self.lambda_, self.weight, self.eps, self.kappa, self.stat, SAVE_TANH
+            x, mean, spread, self.lambda_, self.weight, self.eps, self.kappa, self.stat, self.save_tanh
         )
 
     def statistics(self, x: torch.Tensor) -> SiteStats:
@@ -554,10 +556,11 @@ class _BHyTSchemeBase(NormScheme):
         eps: float = 1e-6,
         final_eps: float = 1e-5,
         impl: str = "auto",
+        save_tanh: bool = False,
     ) -> None:
         self.lambda_attn, self.lambda_mlp, self.lambda_final = lambda_attn, lambda_mlp, lambda_final
         self.learnable_lambda, self.p, self.kappa, self.stat = learnable_lambda, p, kappa, stat
-        self.eps, self.final_eps, self.impl = eps, final_eps, impl
+        self.eps, self.final_eps, self.impl, self.save_tanh = eps, final_eps, impl, save_tanh
         problems = []
         for n, v in (("lambda_attn", lambda_attn), ("lambda_mlp", lambda_mlp)):
             if not v > 0:
@@ -576,6 +579,8 @@ class _BHyTSchemeBase(NormScheme):
             problems.append(f"final_eps must be > 0, got {final_eps}")
         if impl not in IMPLS:
             problems.append(f"impl must be one of {', '.join(IMPLS)}; got {impl!r}")
+        if not isinstance(save_tanh, bool):
+            problems.append(f"save_tanh must be true or false, got {save_tanh!r}")
         self._raise_if(problems)
 
     @property
@@ -584,7 +589,9 @@ class _BHyTSchemeBase(NormScheme):
         return float(self.kappa) if self.kappa is not None else 1.0 / math.sqrt(1.0 - self.p)
 
     def _site(self, dim: int, lambda_init: float) -> BHyT:
-        return BHyT(dim, lambda_init, self.kappa_value, self.eps, self.learnable_lambda, self.stat, self.impl)
+        return BHyT(
+            dim, lambda_init, self.kappa_value, self.eps, self.learnable_lambda, self.stat, self.impl, self.save_tanh
+        )
 
     def _seq_len(self) -> int:
         return 1  # unused by the exact scheme
@@ -656,8 +663,12 @@ class BHyTScheme(_BHyTSchemeBase):
         seq_len: ``T`` in ``c = ||W_V W_O||_F^2 / (T d)``: the training sequence length, a run fact
             (``run_facts``) that every entry point binds with ``bind(seq_len=...)``; unbound (None), the
             model uses ``UNBOUND_SEQ_LEN`` = 1024, the paper's pretraining length.
-        impl: ``auto`` (= ``fused``: ``BHyTSiteFunction`` eager, fused ops while compiling) or ``reference``
-            (plain ops); same function either way.
+        impl: ``auto`` (``fused`` on CPU and while compiling, ``reference`` eager on other devices),
+            ``fused`` (``BHyTSiteFunction`` eager, fused ops while compiling) or ``reference`` (plain ops);
+            same function either way.
+        save_tanh: the eager ``BHyTSiteFunction`` saves each site's tanh for backward instead of recomputing
+            it (one more activation-sized tensor per site; a memory-for-time variant the bench's ``prenorm``
+            part times as ``bhyt:save_tanh=true``). Same function either way.
         exact_layers: layers whose site B uses exact statistics (a second reduction over ``h``, as
             ``bhyt_exact``) instead of the approximation: None (the released method), an int ``k`` for
             the first ``k`` layers, or a list of 0-based layer indices (stored as a sorted tuple).
@@ -683,12 +694,15 @@ class BHyTScheme(_BHyTSchemeBase):
         seq_len: int | None = None,
         impl: str = "auto",
         exact_layers: int | list[int] | None = None,
+        save_tanh: bool = False,
     ) -> None:
         self.seq_len = seq_len
         if not (seq_len is None or (isinstance(seq_len, int) and not isinstance(seq_len, bool) and seq_len > 0)):
             self._raise_if([f"seq_len must be a positive int (or None until the run binds it), got {seq_len!r}"])
         self.exact_layers = _exact_layers(exact_layers)
-        super().__init__(lambda_attn, lambda_mlp, lambda_final, learnable_lambda, p, kappa, stat, eps, final_eps, impl)
+        super().__init__(
+            lambda_attn, lambda_mlp, lambda_final, learnable_lambda, p, kappa, stat, eps, final_eps, impl, save_tanh
+        )
 
     def _seq_len(self) -> int:
         return self.seq_len if self.seq_len is not None else UNBOUND_SEQ_LEN

@@ -277,7 +277,7 @@ def test_prenorm_train_ratio_and_decode_parts(tmp_path) -> None:
     settings = _settings(parser().parse_args([*args, "--decode-sizes", "tiny:1", "--json", str(tmp_path / "r.json")]))
     results = run(settings)
     pre = results["prenorm"]["d64"]
-    assert set(pre["median_ms"]) == {"rmsnorm", "bhyt", "bhyt (save tanh)"}
+    assert set(pre["median_ms"]) == {"rmsnorm", "bhyt"}  # saving the tanh is a variant of its own, asked for
     s = pre["samples_s"]
     expected = statistics.median(a / b for a, b in zip(s["bhyt"], s["rmsnorm"]))
     assert pre["time_vs_rmsnorm"]["bhyt"]["median"] == pytest.approx(expected)

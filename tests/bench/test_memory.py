@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from bhyt_pl.bench.memory import STEP_SIDES, saved_activation_bytes
+from bhyt_pl.bench.memory import STEP_SIDES, saved_activation_bytes, step_peak_memory
 
 
 def test_saved_bytes_of_hand_countable_graphs() -> None:
@@ -30,5 +31,7 @@ def test_views_share_their_storage() -> None:
     assert saved_activation_bytes(two_views_saved) == 256
 
 
-def test_step_sides_name_the_three_measured_losses() -> None:
-    assert STEP_SIDES == ("chunked", "plain", "hf_transformers")
+def test_step_peak_memory_refuses_an_unknown_side_before_starting_a_process() -> None:
+    sides = ", ".join(STEP_SIDES)
+    with pytest.raises(ValueError, match=f"unknown step-memory side 'liger'; sides: {sides}"):
+        step_peak_memory(["liger"], "tiny", {}, 1, 8, "float32", "cpu", 1)

@@ -27,7 +27,7 @@ def test_site_bytes_are_five_tensors_per_site_and_six_per_residual_add(norm: str
 
 def test_block_norms_are_bound_to_the_run_and_bhyt_gets_a_positive_constant() -> None:
     norms = block_norms(_variant("bhyt"), 16, 4, CPU, torch.bfloat16, seq_len=64)
-    assert norms.seq_len == 64 and float(norms.c) == 0.5
+    assert norms.seq_len == 64 and float(norms.c) == pytest.approx(0.5, rel=1e-2)  # c from refresh_constants
     assert norms.attn_in.weight.dtype == torch.bfloat16
     assert not hasattr(block_norms(_variant("rmsnorm"), 16, 4, CPU, torch.float32, seq_len=64), "c")
 

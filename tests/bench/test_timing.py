@@ -7,7 +7,8 @@ import gc
 import pytest
 import torch
 
-from bhyt_pl.bench.timing import interleaved, machine_info, median, synchronizer
+from bhyt_pl.bench.timing import interleaved, median, synchronizer
+from bhyt_pl.machine import machine_info
 
 
 def test_each_repetition_starts_one_candidate_later_after_the_warmup() -> None:

@@ -58,3 +58,16 @@ def test_hf_models_are_called_with_input_ids_and_read_through_logits() -> None:
     idx = _tokens(3, 5, 11)
     expected = F.cross_entropy(model.embed.weight[idx[:, :-1]].flatten(0, 1), idx[:, 1:].flatten())
     torch.testing.assert_close(forward_loss(), expected)
+
+
+def test_post_step_runs_after_each_update() -> None:
+    """Ours passes ``Llama.constrain_weights``: nGPT's matrices are back on the unit sphere after a step."""
+    model = Llama(LlamaConfig.from_name("tiny", n_layers=1, norm="ngpt", tie_embeddings=False))
+    calls = []
+    step, _ = train_step(model, 2, 8, model.config.vocab_size, post_step=lambda: calls.append(1))
+    step()
+    assert calls == [1]
+    step, _ = train_step(model, 2, 8, model.config.vocab_size, post_step=model.constrain_weights)
+    step()
+    for weight, dim in model.width_matrices():
+        torch.testing.assert_close(weight.detach().norm(dim=dim), torch.ones(weight.shape[dim - 1]))

@@ -145,3 +145,27 @@ def test_variance_bound_condition() -> None:
     assert not satisfies_variance_bound(2.5, 10.0, 16)  # strict
     report = BHyTScheme(lambda_attn=3.0, lambda_mlp=1.0).variance_bound_report(16)
     assert report == {"lambda_attn": False, "lambda_mlp": True, "all": False}
+
+
+def test_save_tanh_is_a_scheme_argument_with_the_same_function() -> None:
+    """``bhyt:save_tanh=true`` (the bench's memory-for-time variant) reaches every site's Function, which then
+    saves its tanh for backward (one more saved tensor) and gives the same outputs and gradients."""
+    from bhyt_pl.norms import build_norm_scheme
+
+    results, saved = {}, {}
+    for save in (False, True):
+        torch.manual_seed(0)
+        norms = build_norm_scheme("bhyt", save_tanh=save).block_norms(16, 0, 2)
+        assert norms.attn_in.save_tanh is save and norms.mlp_in.save_tanh is save
+        x = torch.randn(3, 5, 16, requires_grad=True)
+        count = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: count.append(t.numel()) or t, lambda t: t):
+            u, ctx = norms.pre_attn(x)
+            v = norms.pre_mlp(x * 2, ctx)
+        saved[save] = sum(count)
+        results[save] = [u, v, *torch.autograd.grad((u * v).sum(), [x, *norms.parameters()])]
+    assert saved[True] == saved[False] + 2 * x.numel()  # each site also saves its tanh
+    for a, b in zip(results[False], results[True]):
+        torch.testing.assert_close(b, a)
+    with pytest.raises(ValueError, match="save_tanh must be true or false, got 'yes'"):
+        BHyTScheme(save_tanh="yes")

@@ -120,6 +120,16 @@ def test_fused_block_traces_fullgraph() -> None:
     torch.testing.assert_close(g, g_ref, rtol=1e-5, atol=1e-5)
 
 
+def test_auto_takes_the_eager_function_on_cpu_only() -> None:
+    """``auto`` runs ``BHyTSiteFunction`` eagerly only on the CPU (the device it was measured on); elsewhere
+    (here the meta device, standing in for CUDA) the plain-ops path, while ``fused`` keeps the Function."""
+    x = torch.randn(3, 8, device="meta", requires_grad=True)
+    auto, fused = BHyT(8, 1.0, 10.0, 1e-6).to("meta"), BHyT(8, 1.0, 10.0, 1e-6, impl="fused").to("meta")
+    assert not auto.fused() and not auto.eager_function() and fused.eager_function()
+    assert type(auto(x).grad_fn).__name__ != "BHyTSiteFunctionBackward"
+    assert type(fused(x).grad_fn).__name__ == "BHyTSiteFunctionBackward"
+
+
 def test_auto_runs_the_function_eager_and_the_fused_ops_while_compiling(monkeypatch: pytest.MonkeyPatch) -> None:
     site = BHyT(8, 1.0, 10.0, 1e-6)
     assert site.impl == "auto" and site.fused() and site.eager_function()
