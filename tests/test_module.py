@@ -34,6 +34,13 @@ def test_expected_flops_per_batch_needs_the_runs_seq_len() -> None:
     lm = LlamaLM(overrides=TINY_OVERRIDES, seq_len=32)
     assert lm.expected_flops_per_batch(4) == 4 * 32 * training_flops_per_token(lm.config, 32)
     assert LlamaLM(overrides=TINY_OVERRIDES).expected_flops_per_batch(4) is None  # no seq_len: no FLOP count
+    from types import SimpleNamespace
+
+    from bhyt_pl.callbacks.summary import training_flops_per_batch
+
+    trainer = SimpleNamespace(datamodule=SimpleNamespace(batch_size=4))  # the summary then shows no FLOPs
+    assert training_flops_per_batch(trainer, LlamaLM(overrides=TINY_OVERRIDES)) is None
+    assert training_flops_per_batch(trainer, lm) == 4 * 32 * training_flops_per_token(lm.config, 32)
 
 
 def test_loss_is_shifted_cross_entropy_with_ignore_index() -> None:

@@ -26,12 +26,13 @@ log = logging.getLogger("lightning.pytorch.callbacks.model_summary")
 def training_flops_per_batch(trainer: L.Trainer, pl_module: L.LightningModule) -> float | None:
     """Training FLOPs (forward + backward) of one device's batch, from the module's
     ``expected_flops_per_batch(batch_size)`` (``LlamaLM``) and the data module's ``batch_size``; None when
-    either does not say."""
+    either does not say (or the module has no sequence length to count with)."""
     expected = getattr(pl_module, "expected_flops_per_batch", None)
     batch_size = getattr(trainer.datamodule, "batch_size", None)
     if not callable(expected) or not isinstance(batch_size, int):
         return None
-    return float(expected(batch_size))
+    flops = expected(batch_size)
+    return None if flops is None else float(flops)  # None: the module knows no sequence length
 
 
 class _WithFlops(Summary):
