@@ -228,13 +228,11 @@ def test_ctrl_c_finishes_the_step_saves_last_at_once_and_exits_130(tmp_path: Pat
     assert saved_step(tmp_path / "cli" / RUN / "version_0" / "checkpoints" / "last.ckpt") == 3
 
 
-def test_slurm_requeue_signal_saves_last_requeues_and_the_requeued_job_resumes(tmp_path: Path, monkeypatch) -> None:
-    """Lightning's handler saved ``hpc_ckpt_1.ckpt`` into the working directory wherever SIGUSR1 landed and
-    kept training; ``scontrol`` is a fake on PATH that records its arguments."""
+def _fake_slurm_job(tmp_path: Path, monkeypatch, scontrol: str) -> None:
+    """A one-task SLURM job 4242 in ``tmp_path``, with a fake ``scontrol`` on PATH running the shell line given."""
     fake_bin = tmp_path / "bin"
     fake_bin.mkdir()
-    calls = tmp_path / "scontrol.log"
-    (fake_bin / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    (fake_bin / "scontrol").write_text(f"#!/bin/sh\n{scontrol}\n")
     (fake_bin / "scontrol").chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake_bin}{os.pathsep}{os.environ['PATH']}")
     slurm = {"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "train", "SLURM_JOB_ID": "4242", "SLURM_PROCID": "0",
@@ -242,6 +240,13 @@ def test_slurm_requeue_signal_saves_last_requeues_and_the_requeued_job_resumes(t
     for key, value in slurm.items():
         monkeypatch.setenv(key, value)
     monkeypatch.chdir(tmp_path)
+
+
+def test_slurm_requeue_signal_saves_last_requeues_and_the_requeued_job_resumes(tmp_path: Path, monkeypatch) -> None:
+    """Lightning's handler saved ``hpc_ckpt_1.ckpt`` into the working directory wherever SIGUSR1 landed and
+    kept training; ``scontrol`` is a fake on PATH that records its arguments."""
+    calls = tmp_path / "scontrol.log"
+    _fake_slurm_job(tmp_path, monkeypatch, f'echo "$@" >> {calls}')
     runs = tmp_path / "runs"
     args = fit_args(runs, 6, "--trainer.enable_progress_bar", "false")
     cli = main(args[1:], run=False)
@@ -261,16 +266,7 @@ def test_slurm_requeue_signal_saves_last_requeues_and_the_requeued_job_resumes(t
 def test_a_failed_slurm_requeue_saves_last_and_exits_non_zero(tmp_path: Path, monkeypatch, caplog) -> None:
     """Exit 0 tells SLURM the job ended well; when ``scontrol requeue`` fails nothing will resume it, so the
     run exits 1 and says how to resume by hand."""
-    fake_bin = tmp_path / "bin"
-    fake_bin.mkdir()
-    (fake_bin / "scontrol").write_text("#!/bin/sh\nexit 3\n")
-    (fake_bin / "scontrol").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{fake_bin}{os.pathsep}{os.environ['PATH']}")
-    slurm = {"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "train", "SLURM_JOB_ID": "4242", "SLURM_PROCID": "0",
-             "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NODELIST": "localhost"}  # fmt: skip
-    for key, value in slurm.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.chdir(tmp_path)
+    _fake_slurm_job(tmp_path, monkeypatch, "exit 3")
     runs = tmp_path / "runs"
     cli = main(fit_args(runs, 4, "--trainer.enable_progress_bar", "false")[1:], run=False)
     cli.trainer.callbacks.insert(0, SignalAt(2, signal.SIGUSR1))
