@@ -3,10 +3,10 @@ by side: the wall time a study pays per run, first compile included (docs/perfor
 
 from __future__ import annotations
 
-import math
 import statistics
 import tempfile
 import time
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,7 @@ def study_run_table(schemes: list[str], steps: int | None, repeats: int) -> dict
         "ratio": {scheme: {...}}}``.
     """
     from bhyt_pl.study import command
-    from bhyt_pl.study.runner import RunSpec, TrainerSettings, run_one
+    from bhyt_pl.study.runner import TrainerSettings, run_one
 
     if repeats < 1:
         raise ValueError(f"study_run repeats must be >= 1, got {repeats}")
@@ -45,23 +45,10 @@ def study_run_table(schemes: list[str], steps: int | None, repeats: int) -> dict
     budget, overrides = command.resolve(args)
     factory = partial(command.make_datamodule, args, budget)
     batches = command.fixed_batches(factory(42), budget.val_batches)
-    vocab = command.LlamaConfig.from_name(budget.preset, **overrides).vocab_size
-    specs = {
-        name: RunSpec(  # as study.command.main builds its runs
-            label=name,
-            norm=name,
-            preset=budget.preset,
-            overrides=overrides,
-            lr=3e-3,
-            steps=budget.steps,
-            max_loss=1.5 * math.log(vocab),
-            trajectory_every=budget.trajectory_every,
-            stability_every=max(1, budget.trajectory_every or budget.steps),
-            spike_window=max(2, min(32, budget.steps // 4)),
-            importance=True,
-        )
-        for name in schemes
-    }
+    base = command.base_spec(args, budget, overrides)  # the settings the study's own runs share
+    # one grid rate for every scheme (the middle of the default grid); the runs the study reports measure layer
+    # importance, so these do too
+    specs = {name: replace(base, label=name, norm=name, lr=3e-3, importance=True) for name in schemes}
     runs: dict[str, dict[str, dict[str, list[float]]]] = {
         n: {p: {"wall_s": [], "train_s": [], "final_train_loss": [], "val_loss": []} for p in STUDY_PATHS}
         for n in schemes

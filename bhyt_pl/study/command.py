@@ -567,6 +567,30 @@ def run_depth_study(
     return results, design
 
 
+def base_spec(args: argparse.Namespace, budget: Budget, overrides: dict[str, Any]) -> RunSpec:
+    """The settings every run of one study invocation shares (each run then sets its scheme, rate and seed):
+    ``main``'s runs, and the run ``python -m bhyt_pl bench --parts study_run`` times."""
+    config = LlamaConfig.from_name(budget.preset, **overrides)
+    return RunSpec(
+        label="base",
+        norm="rmsnorm",
+        preset=budget.preset,
+        overrides=overrides,
+        lr=budget.lrs[0],
+        steps=budget.steps,
+        seed=42,
+        data_seed=42,
+        max_loss=args.max_loss if args.max_loss is not None else 1.5 * math.log(config.vocab_size),
+        warmup_ratio=args.warmup_ratio,
+        weight_decay=args.weight_decay,
+        grad_clip=args.grad_clip,
+        trajectory_every=0 if args.sweep else budget.trajectory_every,
+        stability_every=0 if args.sweep else max(1, budget.trajectory_every or budget.steps),
+        spike_window=max(2, min(32, budget.steps // 4)),
+        importance=not (args.sweep or args.no_importance),
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the study; 0 when every run finished or diverged (a result), 1 when a run failed with an error."""
     from lightning.pytorch.utilities.rank_zero import rank_zero_only
@@ -609,25 +633,8 @@ def main(argv: list[str] | None = None) -> int:
     mode = "study" + ("-sweep" if args.sweep else "") + ("-quick" if args.quick else "")
     out: Path = args.out if args.out is not None else Path("runs") / mode
     config = LlamaConfig.from_name(budget.preset, **overrides)
-    max_loss = args.max_loss if args.max_loss is not None else 1.5 * math.log(config.vocab_size)
-    base = RunSpec(
-        label="base",
-        norm="rmsnorm",
-        preset=budget.preset,
-        overrides=overrides,
-        lr=budget.lrs[0],
-        steps=budget.steps,
-        seed=42,
-        data_seed=42,
-        max_loss=max_loss,
-        warmup_ratio=args.warmup_ratio,
-        weight_decay=args.weight_decay,
-        grad_clip=args.grad_clip,
-        trajectory_every=0 if args.sweep else budget.trajectory_every,
-        stability_every=0 if args.sweep else max(1, budget.trajectory_every or budget.steps),
-        spike_window=max(2, min(32, budget.steps // 4)),
-        importance=not (args.sweep or args.no_importance),
-    )
+    base = base_spec(args, budget, overrides)
+    max_loss = base.max_loss
     devices: int | str = int(args.devices) if str(args.devices).isdigit() else args.devices
     settings = TrainerSettings(
         args.accelerator, devices, args.precision, progress_bar=args.progress_bar, compile=args.compile
