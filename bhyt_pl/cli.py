@@ -33,6 +33,7 @@ from jsonargparse import ActionConfigFile, Namespace
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities import rank_zero_only
 
 from bhyt_pl.callbacks.checkpointing import RunCheckpoint, StoppedByCtrlC
 from bhyt_pl.errors import UsageError
@@ -216,7 +217,7 @@ class BHyTCLI(LightningCLI):
 
             found = find_last_checkpoint(self._run_dir(cfg))
             if found is not None:  # a requeued SLURM job repeats its command: it continues its run
-                print(f"bhyt_pl: requeued SLURM job (restart {_slurm_restarts()}): resuming from {found}")
+                _say(f"bhyt_pl: requeued SLURM job (restart {_slurm_restarts()}): resuming from {found}")
                 ckpt_path = cfg.ckpt_path = str(found)
         if ckpt_path == "last":
             from bhyt_pl.runs import find_last_checkpoint, last_checkpoint_candidates
@@ -306,12 +307,18 @@ class BHyTCLI(LightningCLI):
             step = meta.get("global_step", 0)
             if step >= max_steps:
                 self._check_checkpoint_config()
-                print(
+                _say(
                     f"bhyt_pl: the run is complete at step {step} (max_steps {max_steps}); nothing to train. "
                     f"To train longer, resume with a larger --trainer.max_steps"
                 )
                 return
         super()._run_subcommand(subcommand)
+
+
+@rank_zero_only
+def _say(message: str) -> None:
+    """One line on stdout from rank 0 only: every rank of a multi-process job runs the CLI."""
+    print(message)
 
 
 def _slurm_restarts() -> int:
