@@ -130,8 +130,10 @@ class Budget:
 
 # Protocol v3 run counts with the default 9 groups (docs/depth_study.md): 33 selection runs (8 schemes + 3 DyT
 # alphas, x 3 lrs) + one extension per group whose best rate sits at a grid edge (at most 9) + 3 evaluation
-# seeds x (best rate + 2 matched rates, coinciding where the best rate is a matched one): 33 + <=9 + 27..81;
-# with v2's choices (7 groups at an edge, 4 of them at a matched rate) about 33 + 7 + 27 + 54 - 12 = 109 runs.
+# seeds x (best rate + 2 matched rates, coinciding where the best rate is a matched one): 33 + <=9 + 27..81.
+# Measured on 2 CPU cores: 3 extensions, matched rates 1e-3 and 3e-3 (LNS diverges at 1e-2), 96 runs at about
+# 55 s a run with 2 workers (88-91 min); the committed run took the protocol's first cut, one matched rate
+# (--matched-lrs 3e-3): 72 runs in 66 min.
 # --quick: 8 layers, 40 steps, 2 lrs (both matched), 2 evaluation seeds, no extension: 22 + 36 = 58 short runs.
 FULL = Budget("deep-32x128", None, 180, 64, 8, 4, (1e-3, 3e-3, 1e-2), 3, 20)
 QUICK = Budget("deep-32x128", 8, 40, 64, 8, 4, (3e-3, 1e-2), 2, 10, extensions=0)

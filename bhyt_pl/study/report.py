@@ -283,6 +283,26 @@ def best_runs(results: Sequence[RunResult], design: Any, group: str) -> list[Run
     return evaluation_runs(results, group, s.candidate, s.lr)
 
 
+def depth_runs(results: Sequence[RunResult], design: Any, group: str) -> list[RunResult]:
+    """The runs a depth figure shows for ``group``: at the highest matched rate when there is one (depth statistics
+    grow with the learning rate, so profiles at different rates would compare the rates), else at its best rate."""
+    s = design.selections.get(group)
+    if s is None or s.chosen is None:
+        return []
+    if design.matched_lrs:
+        return evaluation_runs(results, group, s.candidate, max(design.matched_lrs))
+    return best_runs(results, design, group)
+
+
+def depth_runs_words(design: Any) -> str:
+    """Where ``depth_runs`` reads, for a figure's title."""
+    return (
+        f"every scheme at lr {max(design.matched_lrs):g} (matched)"
+        if design.matched_lrs
+        else "each scheme at its best lr"
+    )
+
+
 def _flag(design: Any, group: str) -> str:
     """The group's label, flagged when its best rate is still at an edge of the rates it tried."""
     s = design.selections.get(group)
@@ -518,8 +538,10 @@ def importance_table(results: Sequence[RunResult], groups: Sequence[Any], design
 def approximation_table(results: Sequence[RunResult], groups: Sequence[Any], design: Any, reference: str | None) -> str:
     """Where an approximated site-B statistic parts from the exact one: for every group whose runs record
     ``bhyt_moment_ratio`` (approximated over exact second moment, 1 = exact) or that is the ``reference`` group
-    (the role ``BHyT*``), the ratio in the first 4 layers and the rest, over positions 0-7 and later, and the
-    last-layer magnitude and variance as a ratio to the reference's (seed-paired, exp of the mean ln ratio)."""
+    (the role ``BHyT*``), the ratio in the first 4 layers and the rest, over positions 0-7 and later (at the
+    group's best rate), and the last-layer magnitude and variance as a ratio to the reference's (seed-paired, exp
+    of the mean ln ratio) at each matched rate: depth statistics move with the learning rate, so, as in the
+    depth claims, both sides are read at the same rate."""
 
     def has_ratio(runs: Sequence[RunResult]) -> bool:
         return any(k.startswith("bhyt_moment_ratio/") for r in runs for k in r.depth_final)
@@ -527,7 +549,7 @@ def approximation_table(results: Sequence[RunResult], groups: Sequence[Any], des
     family = [g for g in groups if g.label == reference or has_ratio(best_runs(results, design, g.label))]
     if not family:
         return "(no group with an approximated statistic)"
-    ref_runs = best_runs(results, design, reference) if reference else []
+    lrs = design.matched_lrs if reference else ()
     rows = []
     for g in family:
         runs = [r for r in best_runs(results, design, g.label) if r.status == "ok"]
@@ -549,17 +571,29 @@ def approximation_table(results: Sequence[RunResult], groups: Sequence[Any], des
         cells = [_flag(design, g.label), ratio("bhyt_moment_ratio", 0, 4), ratio("bhyt_moment_ratio", 4, None)]
         cells += [ratio("bhyt_moment_ratio_first8", 0, None), ratio("bhyt_moment_ratio_rest", 0, None)]
         for stat in ("magnitude", "variance"):
-            if not ref_runs or g.label == reference:
-                cells.append("-")
-                continue
-            a = {r.spec.seed_index: ln_value(r, stat) for r in runs}
-            b = {r.spec.seed_index: ln_value(r, stat) for r in ref_runs}
-            d = stats.interval(stats.paired_differences(a, b))
-            cells.append(f"{_num(math.exp(d.mean))} [{_num(math.exp(d.low))}, {_num(math.exp(d.high))}]")
+            ratios = (
+                []
+                if g.label == reference
+                else [_matched_ratio(results, design, g.label, reference, lr, stat) for lr in lrs]
+            )
+            cells.append("; ".join(r for r in ratios if r) or "-")
         rows.append(cells)
     header = ["scheme", "moment ratio, layers 1-4", "layers 5-L", "positions 0-7", "positions 8+"]
-    header += [f"last-layer magnitude / {reference} [95% CI]", f"last-layer variance / {reference} [95% CI]"]
+    header += [f"last-layer {stat} / {reference}'s, rate: ratio [95% CI]" for stat in ("magnitude", "variance")]
     return _table(header, rows)
+
+
+def _matched_ratio(results: Sequence[RunResult], design: Any, group: str, reference: str, lr: float, stat: str) -> str:
+    """``lr: exp(mean) [exp(low), exp(high)]`` of the seed-paired ln ratio group / reference at one matched rate."""
+    sides = []
+    for label in (group, reference):
+        s = design.selections.get(label)
+        runs = evaluation_runs(results, label, s.candidate, lr) if s is not None and s.chosen is not None else []
+        sides.append({r.spec.seed_index: ln_value(r, stat) for r in runs if r.status == "ok"})
+    if not sides[0] or not sides[1]:
+        return ""
+    d = stats.interval(stats.paired_differences(*sides))
+    return f"{lr:g}: {_num(math.exp(d.mean))} [{_num(math.exp(d.low))}, {_num(math.exp(d.high))}]"
 
 
 # ----------------------------------------------------------------------------- depth-wise growth
@@ -830,7 +864,8 @@ def _band(ax: Any, x: Sequence[float], series: list[list[float]], label: str, co
 
 
 def depth_profile_figure(results: Sequence[RunResult], groups: Sequence[Any], design: Any, title: str) -> Any:
-    """Paper Figure 3 and its robust variants against depth at the end: mean over seeds with a min-max band."""
+    """Paper Figure 3 and its robust variants against depth at the end: mean over seeds with a min-max band, every
+    group at the same (matched) rate when there is one."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
@@ -839,7 +874,7 @@ def depth_profile_figure(results: Sequence[RunResult], groups: Sequence[Any], de
     axes = figure.subplots(2, 2).ravel()
     for ax, stat in zip(axes, stats_, strict=True):
         for g in groups:
-            runs = [r for r in best_runs(results, design, g.label) if r.status == "ok"]
+            runs = [r for r in depth_runs(results, design, g.label) if r.status == "ok"]
             series = [layer_series(r.depth_final, stat) for r in runs]
             series = [s for s in series if s]
             if series:
@@ -851,13 +886,13 @@ def depth_profile_figure(results: Sequence[RunResult], groups: Sequence[Any], de
         ax.grid(alpha=0.3, which="both")
     if axes[0].lines:
         axes[0].legend(fontsize=7)
-    figure.suptitle(title)
+    figure.suptitle(f"{title}; {depth_runs_words(design)}")
     return figure
 
 
 def trajectory_figure(results: Sequence[RunResult], groups: Sequence[Any], design: Any, title: str) -> Any:
     """Last-layer magnitude, median-token magnitude, log-magnitude slope and tanh saturation against the
-    optimizer step: mean over seeds with a min-max band."""
+    optimizer step: mean over seeds with a min-max band, every group at the same (matched) rate when there is one."""
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=(13, 8), layout="constrained")
@@ -870,7 +905,7 @@ def trajectory_figure(results: Sequence[RunResult], groups: Sequence[Any], desig
     )
     for ax, (name, fn, log_scale) in zip(axes, panels, strict=True):
         for g in groups:
-            runs = [r for r in best_runs(results, design, g.label) if r.status == "ok" and r.trajectory]
+            runs = [r for r in depth_runs(results, design, g.label) if r.status == "ok" and r.trajectory]
             if not runs:
                 continue
             steps = [p["step"] for p in runs[0].trajectory]
@@ -883,7 +918,7 @@ def trajectory_figure(results: Sequence[RunResult], groups: Sequence[Any], desig
         ax.grid(alpha=0.3)
     if axes[0].lines:
         axes[0].legend(fontsize=7)
-    figure.suptitle(title)
+    figure.suptitle(f"{title}; {depth_runs_words(design)}")
     return figure
 
 
@@ -1170,8 +1205,9 @@ def write_report(
         "## Approximated against exact statistics (site B)",
         "",
         "Moment ratio: site B's approximated second moment over the exact one (1 = exact; below 1 the "
-        "approximation under-predicts and site B's tanh argument grows), mean over layers, positions and seeds; "
-        "n/a where site B is exact.",
+        "approximation under-predicts and site B's tanh argument grows), mean over layers, positions and seeds at "
+        "the group's best rate; n/a where site B is exact. Last-layer ratios to the exact-statistics group: "
+        "seed-paired, at each matched rate.",
         "",
         approximation_table(results, groups, design, roles.get("BHyT*")),
         "",
@@ -1180,6 +1216,8 @@ def write_report(
         bound_table([r for r in results if r.spec.seed_index != SELECTION_SEED]),
         "",
         "## Figures",
+        "",
+        f"Depth profile and trajectories: {depth_runs_words(design)}; training loss: each scheme at its best lr.",
         "",
         "![depth profile at the end](depth_final.png)",
         "",
