@@ -114,7 +114,7 @@ def hf_config(config: LlamaConfig) -> Any:
         **to_hf_fields(config),
         rope_theta=config.rope_theta,
         rope_scaling=hf_rope_scaling(config),
-        rms_norm_eps=config.norm_args.get("eps", 1e-5),
+        rms_norm_eps=config.norm_scheme().eps,  # _require_rmsnorm: an RMSNormScheme
         attention_bias=False,
         mlp_bias=False,
     )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
 from typing import Any
 
 import lightning as L
@@ -337,14 +336,12 @@ ALTERNATIVE_SETTINGS = (("warmup_ratio", "warmup_steps"),)
 sets one of a group, the scheme's recipe supplies none of it, so it cannot override the user's choice."""
 
 
-def resolve_training_defaults(
-    scheme: NormScheme, given: dict[str, Any], log: Callable[[str], None] | None = None
-) -> dict[str, Any]:
+def resolve_training_defaults(scheme: NormScheme, given: dict[str, Any]) -> dict[str, Any]:
     """``given`` (optimisation settings by ``LlamaLM`` argument name, None where the user set nothing) with each
     unset one taken from the scheme's ``training_defaults``, else ``TRAINING_DEFAULTS``; a group of
     ``ALTERNATIVE_SETTINGS`` takes nothing from the scheme when the user set any of it. Logs, on every call,
     which values the scheme's recipe supplied. Used by ``LlamaLM`` and so by ``fit`` and ``study``."""
-    out = {k: v for k, v in given.items()}
+    out = dict(given)
     user_set = {k for k, v in out.items() if v is not None}
     chosen = {k for group in ALTERNATIVE_SETTINGS if user_set.intersection(group) for k in group}
     from_scheme = {k: v for k, v in scheme.training_defaults.items() if k in out and out[k] is None and k not in chosen}
@@ -353,5 +350,5 @@ def resolve_training_defaults(
             out[key] = from_scheme.get(key, TRAINING_DEFAULTS.get(key))
     if from_scheme:
         text = ", ".join(f"{k}={v}" for k, v in from_scheme.items())
-        (log or rank_zero_info)(f"norm {scheme.name!r}: {text} from its recipe (set them to override)")
+        rank_zero_info(f"norm {scheme.name!r}: {text} from its recipe (set them to override)")
     return out

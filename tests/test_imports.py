@@ -83,7 +83,7 @@ def layer_of(module: str) -> int:
         (len(prefix), i)
         for i, layer in enumerate(LAYERS)
         for prefix in layer
-        if module == prefix or module.startswith(prefix + ".")
+        if module == prefix or (prefix != PACKAGE.name and module.startswith(prefix + "."))  # the root: itself only
     ]
     if not matches:
         raise AssertionError(f"{module} is in no layer: add it to LAYERS in {Path(__file__).name}")

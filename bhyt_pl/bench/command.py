@@ -35,9 +35,9 @@ PARTS = ("sites", "tanh", "train", "generate", "memory", "step_memory", "prenorm
 DEFAULT_PARTS = PARTS[:6]
 """What a bare ``bench`` runs; ``prenorm``, ``train_ratio``, ``decode`` and ``study_run`` are asked for by name."""
 BASELINE = "rmsnorm"
+"""The variant every run includes and the ratios divide by; the transformers and litgpt peers are built from it."""
 STUDY_RUN_SCHEMES = (BASELINE, "bhyt")
 """The schemes ``--parts study_run`` times by default: the study's cost claim is about these two."""
-"""The variant every run includes and the ratios divide by; the transformers and litgpt peers are built from it."""
 
 PEER = "hf_transformers"
 LITGPT = "litgpt"

@@ -1,8 +1,9 @@
 """Result entries (medians and their ratios to ``rmsnorm``) and the markdown tables.
 
-Two ratio names, so the direction is never ambiguous: ``time_vs_rmsnorm`` is a quotient of
-median times (below 1 is faster), ``throughput_vs_rmsnorm`` a quotient of tokens/s (above 1 is
-faster). Both are computed from the medians of one interleaved run.
+Two ratio names, so the direction is never ambiguous: ``time_vs_rmsnorm`` compares times (below 1 is
+faster), ``throughput_vs_rmsnorm`` tokens/s (above 1 is faster). In the default parts both are quotients
+of the medians of one interleaved run; in ``prenorm`` ``time_vs_rmsnorm`` is a ``paired_ratio`` (the median
+of per-repetition ratios with its interval).
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 On a shared CPU, run-to-run drift is larger than the differences between norm schemes, so every
 comparison is made inside one run: each repetition times every candidate once, in a rotated order,
-and a candidate's figure is the median of its repetitions. Ratios are quotients of medians.
+and a candidate's figure is the median of its repetitions. Ratios are quotients of medians, or, with
+``paired_ratio``, the median of the per-repetition ratios with an interval.
 """
 
 from __future__ import annotations
@@ -79,8 +80,8 @@ def paired_ratio(numerator: list[float], denominator: list[float], level: float 
     the same repetition of ``interleaved``) with a distribution-free interval for that median.
 
     The interval is ``[r_(k), r_(n+1-k)]`` of the sorted ratios, the widest order statistics whose
-    binomial coverage ``1 - 2 P(Bin(n, 1/2) < k)`` is at least ``level`` (below 6 repetitions it is
-    the range, covering ``1 - 2^(1-n)``). Returns ``{"median", "low", "high", "coverage", "n"}``.
+    binomial coverage ``1 - 2 P(Bin(n, 1/2) < k)`` is at least ``level`` (at level 0.95, up to 8
+    repetitions it is the range, covering ``1 - 2^(1-n)``). Returns ``{"median", "low", "high", "coverage", "n"}``.
     """
     if len(numerator) != len(denominator) or not numerator:
         raise ValueError(f"need paired samples of equal, nonzero length; got {len(numerator)} and {len(denominator)}")

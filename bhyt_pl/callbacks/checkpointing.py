@@ -55,8 +55,8 @@ def checkpoint_bytes(pl_module: L.LightningModule) -> int:
 
 
 def _size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
     return f"{n:.1f} TB"
@@ -207,11 +207,12 @@ class RunCheckpoint(ModelCheckpoint):
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         if (batch_idx + 1) % trainer.accumulate_grad_batches:
             return  # mid-accumulation: stop only after a whole optimizer step
-        ctrl_c, requeue = self._ctrl_c, self._requeue
-        if trainer.world_size > 1:  # every rank stops after the same step
-            ctrl_c = trainer.strategy.reduce_boolean_decision(ctrl_c, all=False)
-            requeue = trainer.strategy.reduce_boolean_decision(requeue, all=False)
-        if not (ctrl_c or requeue):
+        ctrl_c, stop = self._ctrl_c, self._ctrl_c or self._requeue
+        if trainer.world_size > 1:  # every rank stops after the same step; one collective on a normal step
+            stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
+            if stop:  # every rank is here: which signal (Ctrl-C wins, as on one process)
+                ctrl_c = trainer.strategy.reduce_boolean_decision(ctrl_c, all=False)
+        if not stop:
             return
         self.save_last_now(trainer)
         where = self.last_model_path or self.dirpath

@@ -39,7 +39,9 @@ norms of sharded parameters are summed shard by shard into full-tensor norms, an
 Compiled blocks (``model.compile``) are measured too: the callback hooks only the block itself, whose
 hooks ``torch.compile`` honours, and computes every statistic eagerly outside the compiled graph
 (``torch.compiler.disable``), recomputing what it needs from the block input; nothing inside a block
-is hooked.
+is hooked. A logging step's batch runs with the compiler's ``force_eager`` stance (restored after the
+batch): hooks added for that one step would otherwise make every compiled block recompile, each time,
+with graph breaks; the other steps run compiled.
 """
 
 from __future__ import annotations
@@ -214,6 +216,7 @@ class StabilityMonitor(L.Callback):
         self._grad_sq: torch.Tensor | None = None  # per group, then the total; set before clipping
         self._loss_sum, self._loss_count = 0.0, 0
         self._pending_step: int | None = None
+        self._stance: Any = None  # the force_eager stance of a logging step's batch, which restores the previous one
         self._grad_scale = 1.0
         self._width = 2
         self._warned: set[str] = set()
@@ -359,6 +362,7 @@ class StabilityMonitor(L.Callback):
         self._grad_scale = trainer.accumulate_grad_batches / (loss_scale * trainer.world_size)
         self._attach(pl_module)
         self._pending_step = step
+        self._stance = torch.compiler.set_stance("force_eager")
 
     @override
     def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
@@ -400,6 +404,7 @@ class StabilityMonitor(L.Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        self._restore_stance()
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if isinstance(loss, torch.Tensor):
             self._loss_sum += float(loss.detach().float())
@@ -467,3 +472,9 @@ class StabilityMonitor(L.Callback):
     @override
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._detach()
+        self._restore_stance()  # a fit that stops mid-step (an exception) leaves no stance behind
+
+    def _restore_stance(self) -> None:
+        if self._stance is not None:
+            self._stance.__exit__(None, None, None)
+            self._stance = None

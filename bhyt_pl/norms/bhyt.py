@@ -286,9 +286,10 @@ class BHyTSiteFunction(torch.autograd.Function):
         inv2 = column(inv)
         scale = inv2 * lam.to(compute)
         # d y / d statistic per token, as a multiple of gs = d y / d s: through 1/D
+        mean2 = column(mean) if meanstd else None  # once, not per row block
         if meanstd:  # 1/D = 1 / (kappa sqrt(v + eps) + |mu|)
             f_spread = (scale * inv2).mul_(-0.5 * ctx.kappa).mul_(torch.rsqrt(column(spread) + ctx.eps))
-            f_mean = (scale * inv2).neg_().mul_(torch.sign(column(mean)))
+            f_mean = (scale * inv2).neg_().mul_(torch.sign(mean2))
         else:  # 1/D = (m + eps)^-1/2 / kappa
             f_spread, f_mean = (scale * -0.5).div_(column(spread) + ctx.eps), None
         g_in = [column(g) for g in stat_grads] + [None, None]  # later sites' gradients into these statistics
@@ -326,7 +327,7 @@ class BHyTSiteFunction(torch.autograd.Function):
                     b = gs_c * f_mean[r0:r1]
                     if g_in[1] is not None:
                         b.add_(g_in[1][r0:r1])
-                    out.add_(b.div_(d).sub_(a * column(mean)[r0:r1]))
+                    out.add_(b.div_(d).sub_(a * mean2[r0:r1]))
             if out is gb:
                 gx.view(-1, d)[r0:r1].copy_(out)
         g_lam = (gs * inv2).sum().reshape(lam.shape).to(lam.dtype) if needs[3] else None

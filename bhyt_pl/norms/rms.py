@@ -26,7 +26,7 @@ def second_moment(x: torch.Tensor) -> torch.Tensor:
 IMPLS = ("auto", "reference", "fused")
 """How a norm site computes: ``reference`` (plain ops), ``fused`` (an autograd Function that saves only
 the input and a per-token scale), ``auto`` (whichever the module found faster: RMSNorm fuses in eager
-mode only, BHyT in both modes). One tuple for every site that has both paths."""
+mode only, BHyT while compiling and, eager, on the CPU). One tuple for every site that has both paths."""
 
 
 class RMSNormFunction(torch.autograd.Function):

@@ -445,17 +445,27 @@ class _InlineExecutor(Executor):
 
 
 class Scheduler:
-    """Submits runs to an executor, reusing finished ones (resume), and hands results back as they finish."""
+    """Submits runs to an executor, reusing finished ones (resume), and hands results back as they finish; a run
+    whose label was submitted before is not submitted again (the two arms of the protocol share runs)."""
 
     def __init__(self, executor: Executor, run: Callable[[RunSpec], RunResult], out: Path, resume: bool) -> None:
         self.executor, self.run, self.out, self.resume = executor, run, out, resume
         self.pending: dict[Future, RunSpec] = {}
         self.reused: list[str] = []
-        self.submitted = 0  # runs handed to this scheduler so far, reused ones included
+        self.labels: set[str] = set()  # runs handed to this scheduler so far, reused ones included
 
-    def submit(self, specs: Iterable[RunSpec]) -> None:
+    @property
+    def submitted(self) -> int:
+        return len(self.labels)
+
+    def submit(self, specs: Iterable[RunSpec]) -> list[RunSpec]:
+        """Submits the specs not submitted before and returns them."""
+        fresh = []
         for spec in specs:
-            self.submitted += 1
+            if spec.label in self.labels:
+                continue
+            self.labels.add(spec.label)
+            fresh.append(spec)
             stored = finished_result(self.out, spec) if self.resume else None
             if stored is not None:
                 self.reused.append(spec.label)
@@ -465,6 +475,7 @@ class Scheduler:
                 log.info("study run: %s", spec.label)
                 future = self.executor.submit(self.run, spec)
             self.pending[future] = spec
+        return fresh
 
     def finished(self) -> Iterable[RunResult]:
         """Yields results until nothing is pending (callers may submit more while iterating)."""
@@ -522,16 +533,9 @@ def run_depth_study(
     selection_runs: dict[str, list[RunResult]] = {g.label: [] for g in groups}
     design = StudyDesign({}) if design is None else design  # filled in place: reports written meanwhile see it
     by_label: dict[str, RunResult] = {}
-    submitted: set[str] = set()
-
-    def submit(specs: Sequence[RunSpec]) -> list[RunSpec]:
-        fresh = [s for s in specs if s.label not in submitted]
-        submitted.update(s.label for s in fresh)
-        scheduler.submit(fresh)
-        return fresh
 
     for g in groups:
-        pending[g.label] = {s.label for s in submit(selection_specs(g, lrs, base))}
+        pending[g.label] = {s.label for s in scheduler.submit(selection_specs(g, lrs, base))}
     for result in scheduler.finished():
         by_label[result.spec.label] = result
         on_result(result)
@@ -544,10 +548,10 @@ def run_depth_study(
             continue
         step = select(by_group[group], selection_runs[group], lrs, extensions, base)
         if isinstance(step, RunSpec):  # the best rate sits at an edge: one more grid step for its candidate
-            pending[group] = {s.label for s in submit([step])}
+            pending[group] = {s.label for s in scheduler.submit([step])}
             continue
         design.selections[group] = step
-        submit(evaluation_specs(by_group[group], step, (), n_seeds, base))
+        scheduler.submit(evaluation_specs(by_group[group], step, (), n_seeds, base))
         if len(design.selections) == len(groups):  # every group selected: the matched arm
             ordered = [design.selections[g.label] for g in groups]
             if matched_lrs is not None:
@@ -560,7 +564,7 @@ def run_depth_study(
                     + ("" if len(design.matched_lrs) == 2 else f" (only {len(design.matched_lrs)} qualified)")
                 )
             for g in groups:
-                submit(evaluation_specs(g, design.selections[g.label], design.matched_lrs, n_seeds, base))
+                scheduler.submit(evaluation_specs(g, design.selections[g.label], design.matched_lrs, n_seeds, base))
     group_order = {g.label: i for i, g in enumerate(groups)}
     results = sorted(
         by_label.values(),

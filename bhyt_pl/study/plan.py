@@ -165,9 +165,9 @@ class Selection:
         group: the group label.
         chosen: the kept selection run (None when every selection run diverged or failed).
         runs: the group's selection runs (candidates x rates, and the extensions).
-        extensions: the rates added beyond the grid, in order.
+        extensions: the rates added beyond the grid, highest first.
         edge: ``"lowest"`` / ``"highest"`` when the kept rate is still at that end of its candidate's tried
-            rates (the best rate may lie beyond), else ``""``.
+            rates (the best rate may lie beyond), ``"single rate"`` when its candidate tried one rate, else ``""``.
     """
 
     group: str
@@ -188,9 +188,6 @@ class Selection:
     @property
     def candidate(self) -> str:
         return self.chosen.spec.candidate if self.chosen is not None else ""
-
-    def tried(self, candidate: str) -> list[float]:
-        return sorted({r.spec.lr for r in self.runs if r.spec.candidate == candidate})
 
 
 def select(

@@ -275,23 +275,24 @@ def _ci(iv: stats.Interval, digits: int = 3) -> str:
 
 
 # ----------------------------------------------------------------------------- groups at their best rate
-def best_runs(results: Sequence[RunResult], design: Any, group: str) -> list[RunResult]:
-    """The evaluation-seed runs of ``group``'s kept candidate at its best rate (empty before its selection)."""
+def runs_at(results: Sequence[RunResult], design: Any, group: str, lr: float | None = None) -> list[RunResult]:
+    """The evaluation-seed runs of ``group``'s kept candidate at ``lr`` (default: its best rate); empty before
+    its selection."""
     s = design.selections.get(group)
     if s is None or s.chosen is None:
         return []
-    return evaluation_runs(results, group, s.candidate, s.lr)
+    return evaluation_runs(results, group, s.candidate, s.lr if lr is None else lr)
+
+
+def best_runs(results: Sequence[RunResult], design: Any, group: str) -> list[RunResult]:
+    """The evaluation-seed runs of ``group``'s kept candidate at its best rate (empty before its selection)."""
+    return runs_at(results, design, group)
 
 
 def depth_runs(results: Sequence[RunResult], design: Any, group: str) -> list[RunResult]:
     """The runs a depth figure shows for ``group``: at the highest matched rate when there is one (depth statistics
     grow with the learning rate, so profiles at different rates would compare the rates), else at its best rate."""
-    s = design.selections.get(group)
-    if s is None or s.chosen is None:
-        return []
-    if design.matched_lrs:
-        return evaluation_runs(results, group, s.candidate, max(design.matched_lrs))
-    return best_runs(results, design, group)
+    return runs_at(results, design, group, max(design.matched_lrs) if design.matched_lrs else None)
 
 
 def depth_runs_words(design: Any) -> str:
@@ -585,11 +586,10 @@ def approximation_table(results: Sequence[RunResult], groups: Sequence[Any], des
 
 def _matched_ratio(results: Sequence[RunResult], design: Any, group: str, reference: str, lr: float, stat: str) -> str:
     """``lr: exp(mean) [exp(low), exp(high)]`` of the seed-paired ln ratio group / reference at one matched rate."""
-    sides = []
-    for label in (group, reference):
-        s = design.selections.get(label)
-        runs = evaluation_runs(results, label, s.candidate, lr) if s is not None and s.chosen is not None else []
-        sides.append({r.spec.seed_index: ln_value(r, stat) for r in runs if r.status == "ok"})
+    sides = [
+        {r.spec.seed_index: ln_value(r, stat) for r in runs_at(results, design, label, lr) if r.status == "ok"}
+        for label in (group, reference)
+    ]
     if not sides[0] or not sides[1]:
         return ""
     d = stats.interval(stats.paired_differences(*sides))
@@ -1065,8 +1065,8 @@ def write_report(
     document: dict[str, Any] = {"meta": meta}
     items: list[ClaimResult] = []
     skipped: list[Any] = []
+    roles = meta.get("roles", {})
     if not sweep:
-        roles = meta.get("roles", {})
         items, skipped = evaluate(results, claim_design(design, meta), roles)
         document["design"] = design_dict(design)
         document["claims"] = [c.to_dict() for c in items]
@@ -1105,7 +1105,6 @@ def write_report(
         paths["importance"] = save_figure(importance_figure(results, groups, design), out / "layer_importance.png")
         paths["loss"] = save_figure(loss_figure(results, groups, design, title), out / "loss.png")
         paths["claims"] = save_figure(claims_figure(items), out / "claims_over_training.png")
-    roles = meta.get("roles", {})
     role_text = ", ".join(f"{role} = {group}" for role, group in roles.items()) or "none"
     growth = growth_rows(results, groups, design)
     lines += [
@@ -1141,7 +1140,7 @@ def write_report(
         *verdict_counts(items),
         "",
     ]
-    if not sweep and skipped:
+    if skipped:  # the sweep returned above
         missing = sorted({role for c in skipped for role in (c.target, c.baseline) if role not in roles})
         lines += [f"Not tested: {len(skipped)} claims of the table (roles without a group: {', '.join(missing)}).", ""]
     lines += [

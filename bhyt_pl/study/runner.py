@@ -58,7 +58,6 @@ __all__ = [
     "COMPILE_LOSS_TOLERANCE",
     "TRAJECTORY_STATS",
     "DivergenceMonitor",
-    "EagerLoggingSteps",
     "MemoryLogger",
     "RunResult",
     "RunSpec",
@@ -389,42 +388,6 @@ class TrajectoryRecorder(L.Callback):
             self.points.append(trajectory_point(step, depth_statistics(pl_module, self.batches)))
 
 
-class EagerLoggingSteps(L.Callback):
-    """Runs StabilityMonitor's logging steps eagerly when the blocks are compiled: its block hooks (added on
-    those steps only) would otherwise make every compiled block recompile, each time, with graph breaks.
-
-    Args:
-        monitor: the StabilityMonitor whose ``should_log(step)`` picks the steps.
-    """
-
-    def __init__(self, monitor: StabilityMonitor) -> None:
-        self.monitor = monitor
-        self._eager = False
-
-    @override
-    def on_train_batch_start(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
-    ) -> None:
-        if self.monitor.should_log(trainer.global_step + 1):
-            torch.compiler.set_stance("force_eager")
-            self._eager = True
-
-    @override
-    def on_train_batch_end(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        self._restore()
-
-    @override
-    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self._restore()  # a fit that stops mid-step (an exception) leaves no stance behind
-
-    def _restore(self) -> None:
-        if self._eager:
-            torch.compiler.set_stance("default")
-            self._eager = False
-
-
 class MemoryLogger(Logger):
     """Keeps every logged metric in memory (``metrics[name] = [(step, value), ...]``): the study reads
     StabilityMonitor's columns from here instead of parsing CSV files."""
@@ -623,7 +586,7 @@ def run_one(
                 spike_window=spec.spike_window,
                 spike_min_history=max(2, spec.spike_window // 2),
             )
-            callbacks += [stability, EagerLoggingSteps(stability)] if settings.compile else [stability]
+            callbacks.append(stability)  # its logging steps run eagerly when the blocks are compiled
         logger = CSVLogger(out_dir / "runs", name=run_dirname(spec.label), version="logs")  # runs/<label>/logs/
         result.log_dir = str(Path(logger.log_dir).relative_to(out_dir))
         trainer = L.Trainer(

@@ -240,6 +240,23 @@ def test_fsdp2_two_processes_log_the_statistics_of_one(tmp_path) -> None:
 
 
 @pytest.mark.slow
+def test_logging_steps_run_with_the_force_eager_stance_and_restore_the_previous_one() -> None:
+    """Steps 1 and 2 log (every 2, and the first): their forwards see ``force_eager``; step 3 and the
+    time after the fit see the stance the user had set (here ``eager_on_recompile``, not the default)."""
+    from torch._dynamo import eval_frame
+
+    lm, seen = hand_set_lm("bhyt"), []
+    lm.model.register_forward_hook(lambda *args: seen.append(eval_frame._stance.stance))
+    monitor = StabilityMonitor(every_n_steps=2, figures=False)
+    with torch.compiler.set_stance("eager_on_recompile"):
+        quiet_trainer(callbacks=[monitor], logger=MemoryLogger(), max_steps=3, limit_val_batches=0).fit(
+            lm, datamodule=TokenDataModule()
+        )
+        after = eval_frame._stance.stance
+    assert seen == ["force_eager", "force_eager", "eager_on_recompile"]
+    assert after == "eager_on_recompile"
+
+
 def test_compiled_blocks_are_measured_like_eager_ones() -> None:
     """Hooks on a compiled block fire and the statistics are computed outside its graph (dynamo traces the
     block; the eager backend skips inductor's code generation, which the hooks never reach)."""

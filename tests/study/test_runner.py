@@ -25,7 +25,7 @@ def _module(norm: str) -> LlamaLM:
 
 
 def _reference_importance(module: LlamaLM, batches: list[dict[str, torch.Tensor]]) -> tuple[float, list[float]]:
-    """Full forwards of a model without block ``i`` (an ``nn.Identity``-like pass-through), in float64."""
+    """Full forwards of a model without block ``i`` (an ``nn.Identity``-like pass-through); the loss in float64."""
 
     class Skip(nn.Module):
         def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
@@ -110,6 +110,6 @@ def test_workers_default_to_the_cpus_this_process_may_use(monkeypatch: pytest.Mo
 
 
 def test_compile_flag_defaults_and_switches() -> None:
-    assert command.parser().parse_args([]).compile is command.COMPILE_DEFAULT
+    assert command.parser().parse_args([]).compile is command.COMPILE_DEFAULT is True  # the documented default
     assert command.parser().parse_args(["--compile"]).compile is True
     assert command.parser().parse_args(["--no-compile"]).compile is False
