@@ -26,6 +26,7 @@ LAYERS: list[tuple[str, ...]] = [
         "bhyt_pl.init",
         "bhyt_pl.optim",
         "bhyt_pl.runs",
+        "bhyt_pl.run_facts",
         "bhyt_pl.source_bundle",
         "bhyt_pl.checkpoint_io",
         "bhyt_pl.distributed",
