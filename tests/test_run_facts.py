@@ -20,7 +20,17 @@ import bhyt_pl.norms
 import bhyt_pl.run_facts
 from bhyt_pl import Llama, LlamaConfig, LlamaLM, load_model
 from bhyt_pl.checkpoint import SCHEMA_VERSION, checkpoint_entry
-from bhyt_pl.norms import BHyT, BHyTScheme, BlockNorms, NormScheme, RMSNorm, RMSNormScheme, base, build_norm_scheme, register_norm
+from bhyt_pl.norms import (
+    BHyT,
+    BHyTScheme,
+    BlockNorms,
+    NormScheme,
+    RMSNorm,
+    RMSNormScheme,
+    base,
+    build_norm_scheme,
+    register_norm,
+)
 from bhyt_pl.norms.bhyt import UNBOUND_SEQ_LEN
 from bhyt_pl.run_config import build_run_config, data_run_facts
 from bhyt_pl.run_facts import RunSettings, build_run_facts, register_run_fact, registered_run_facts
@@ -327,7 +337,8 @@ def _tokens_bench_sites() -> int:
     from bhyt_pl.variants import parse_variant
 
     cpu = torch.device("cpu")
-    return block_norms(parse_variant("tokens_probe"), 64, 4, cpu, torch.float32, seq_len=40, batch_size=6).tokens_per_step
+    norms = block_norms(parse_variant("tokens_probe"), 64, 4, cpu, torch.float32, seq_len=40, batch_size=6)
+    return norms.tokens_per_step
 
 
 def _tokens_gpu_script() -> int:
