@@ -54,6 +54,7 @@ def test_batches_are_shifted_packed_windows(c4_dir: Path):
     )
 
 
+@pytest.mark.slow  # two DataLoader worker processes per rank
 def test_two_ranks_two_workers_are_disjoint_and_complete(c4_dir: Path):
     files = shard_files(c4_dir)
     seen_shards = []

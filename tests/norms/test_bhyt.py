@@ -367,6 +367,7 @@ def test_fused_block_gradcheck_float64() -> None:
     assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_fused_block_traces_fullgraph() -> None:
     """dynamo captures the autograd Functions in one graph (aot_eager: no code generation)."""
     torch._dynamo.reset()
