@@ -1,7 +1,10 @@
 """The checks every norm scheme passes, written once: ``SchemeChecks``.
 
-A test class that inherits ``SchemeChecks`` and provides a ``case`` fixture (a ``SchemeCase``: a registered
-scheme, its arguments and model options, and its float64 reference) gets every check below. Two classes do:
+A test class that inherits ``SchemeChecks`` and provides two fixtures gets every check below: ``case``, a
+``SchemeCase`` (a registered scheme, its arguments and model options, and its float64 reference) for each
+configuration the reference lists, and ``scheme``, the scheme at its defaults. The checks whose outcome
+depends on the configuration (the float64 reference, the KV cache) run on every ``case``; the others once
+per ``scheme``. Two classes do:
 ``tests/norms/test_schemes.py`` runs them on every registered scheme (``registered_norms()``) at its defaults
 and at the cases its reference lists, and ``tests/norms/test_new_scheme.py`` on a scheme registered by that
 test file alone. A new check added here reaches both; a new scheme needs no edit here.
@@ -72,7 +75,7 @@ def float64_model(config: LlamaConfig) -> Llama:
 
 
 class SchemeChecks:
-    """Per-scheme checks; a subclass provides the ``case`` fixture (``SchemeCase``)."""
+    """Per-scheme checks; a subclass provides the ``case`` and ``scheme`` fixtures (``SchemeCase``)."""
 
     def test_matches_float64_reference(self, case: SchemeCase) -> None:
         """The model's logits equal a float64 re-computation from the formulas of docs/method.md."""
@@ -100,8 +103,8 @@ class SchemeChecks:
                 pieces.append(model(idx[:, t : t + 1], cache, t))
         torch.testing.assert_close(torch.cat(pieces, dim=1), full, atol=1e-5, rtol=1e-5)
 
-    def test_meta_device_build_materialise_reset(self, case: SchemeCase) -> None:
-        config = case.config()
+    def test_meta_device_build_materialise_reset(self, scheme: SchemeCase) -> None:
+        config = scheme.config()
         with torch.device("meta"):
             model = Llama(config)
         assert all(p.is_meta for p in model.parameters())
@@ -130,15 +133,15 @@ class SchemeChecks:
         out = model(torch.randint(0, 97, (1, 8)))
         assert torch.isfinite(out).all()
 
-    def test_state_dict_round_trip_and_keys(self, case: SchemeCase) -> None:
+    def test_state_dict_round_trip_and_keys(self, scheme: SchemeCase) -> None:
         """A state dict loads strictly into a fresh model of the same config and reproduces its logits; a site
         a scheme leaves unused has no parameters and so no keys, and QK-norm adds exactly its two gains."""
-        model = Llama(case.config()).eval()
+        model = Llama(scheme.config()).eval()
         with torch.no_grad():
             for p in model.parameters():
                 if p.ndim < 2:
                     p.add_(0.1)
-        fresh = Llama(case.config()).eval()
+        fresh = Llama(scheme.config()).eval()
         fresh.load_state_dict(model.state_dict(), strict=True)
         idx = torch.randint(0, 97, (1, 12))
         with torch.no_grad():
@@ -148,16 +151,16 @@ class SchemeChecks:
             for site in SITES:
                 if isinstance(getattr(layer.norms, site), nn.Identity):
                     assert not any(k.startswith(f"layers.{i}.norms.{site}.") for k in keys), (i, site)
-        scheme, layers = build_norm_scheme(case.norm, **case.args), range(len(model.layers))
-        if not scheme.owns_attention_norms and not case.config().qk_norm:
-            with_qk = set(Llama(case.config(qk_norm="head")).state_dict())
+        layers = range(len(model.layers))
+        if not build_norm_scheme(scheme.norm).owns_attention_norms:
+            with_qk = set(Llama(scheme.config(qk_norm="head")).state_dict())
             assert with_qk - keys == {f"layers.{i}.attn.{n}_norm.weight" for i in layers for n in "qk"}
 
-    def test_forward_backward_under_bf16_autocast(self, case: SchemeCase) -> None:
+    def test_forward_backward_under_bf16_autocast(self, scheme: SchemeCase) -> None:
         """bf16-mixed as Lightning runs it: float32 parameters, the forward under ``torch.autocast`` (bfloat16),
         so a scheme that mixes a float32 stream with a bfloat16 matmul output must promote (nGPT's update)."""
         torch.manual_seed(0)
-        model = Llama(case.config())
+        model = Llama(scheme.config())
         idx = torch.randint(0, 97, (2, 16))
         with torch.autocast("cpu", dtype=torch.bfloat16):
             logits = model(idx)
@@ -172,8 +175,8 @@ class SchemeChecks:
         assert type(scheme)(**scheme.hparams()) == scheme
         assert build_norm_scheme(case.norm, **scheme.hparams()) == scheme
 
-    def test_parameter_groups_never_decay_norm_parameters(self, case: SchemeCase) -> None:
-        model = Llama(case.config())
+    def test_parameter_groups_never_decay_norm_parameters(self, scheme: SchemeCase) -> None:
+        model = Llama(scheme.config())
         decay, no_decay = parameter_groups(model, 0.1)
         sites = {"norms", "final_norm", "emb_norm", "q_norm", "k_norm", "v_norm"}
         scales = {"sq", "sk", "s_up", "s_gate", "s_z"}  # nGPT's, on attention, the MLP and the model
@@ -186,10 +189,10 @@ class SchemeChecks:
         assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
         assert all(p.ndim == 2 for p in decay["params"])
 
-    def test_trains_one_step(self, case: SchemeCase) -> None:
+    def test_trains_one_step(self, scheme: SchemeCase) -> None:
         """Two AdamW steps on one batch lower its loss, and every norm parameter gets a gradient."""
         torch.manual_seed(0)
-        model = Llama(case.config())
+        model = Llama(scheme.config())
         opt = torch.optim.AdamW(parameter_groups(model, 0.1), lr=1e-2)
         idx = torch.randint(0, 97, (2, 17))
         losses = []

@@ -447,7 +447,7 @@ def _generate(results, variants: list[Variant], settings, device, dtype, sync) -
 
 
 def _summary(results: dict[str, Any]) -> dict[str, dict[str, float | None]]:
-    """The issue's comparisons, each ours next to the paper's where it published one."""
+    """The headline comparisons of the benchmark, each ours next to the paper's where it published one."""
     out: dict[str, dict[str, float | None]] = {}
 
     def ratio(section: dict, a: str, b: str, field: str) -> float | None:

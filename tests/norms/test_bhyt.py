@@ -409,7 +409,7 @@ def test_fused_saves_no_more_activations_than_rmsnorm() -> None:
     x = torch.randn(64, 256, requires_grad=True)
     fused = BHyT(256, 2.0, 10.0, 1e-6, impl="fused")
     ref = BHyT(256, 2.0, 10.0, 1e-6, impl="reference")
-    rms = RMSNorm(256, impl="reference")  # the plain ops (the eager default now saves as little as fused BHyT)
+    rms = RMSNorm(256, impl="reference")  # the plain ops (the eager default saves as little as fused BHyT)
     saved = {
         name: saved_activation_bytes(lambda m=m: m(x), m.parameters())
         for name, m in (("fused", fused), ("reference", ref), ("rmsnorm", rms))

@@ -76,6 +76,14 @@ def case(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Ite
     yield SchemeCase(NAME, c.args, c.overrides, REFERENCE, reference_home=__file__)
 
 
+@pytest.fixture
+def scheme(monkeypatch: pytest.MonkeyPatch) -> SchemeCase:
+    """``test_scaled_tanh`` at its defaults, registered for one test."""
+    monkeypatch.setattr(base, "_REGISTRY", dict(base._REGISTRY))
+    register_norm(NAME)(ScaledTanhScheme)
+    return SchemeCase(NAME, reference=REFERENCE, reference_home=__file__)
+
+
 class TestASchemeDefinedInThisFile(SchemeChecks):
     """Every shared per-scheme check, on ``test_scaled_tanh``."""
 
