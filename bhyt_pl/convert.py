@@ -21,6 +21,11 @@ from typing import Any
 
 import torch
 
+import bhyt_pl.config
+import bhyt_pl.init
+import bhyt_pl.model
+import bhyt_pl.norms
+import bhyt_pl.norms.base
 from bhyt_pl.config import ROPE_SCALING_KEYS, LlamaConfig
 from bhyt_pl.hf_config import from_hf_fields, to_hf_fields
 from bhyt_pl.model import Llama
@@ -42,6 +47,10 @@ __all__ = [
 
 MODELING_FILE = "modeling_bhyt_llama.py"
 """The generated modeling module inside an exported folder."""
+
+MODELING_READING_ORDER = (bhyt_pl.config, bhyt_pl.norms.base, bhyt_pl.norms, bhyt_pl.init, bhyt_pl.model)
+"""Modules whose definitions open the generated modeling file, in this order (the configuration, the norm
+interface, the schemes, the init policy, the model); the transformers shell and the rest follow."""
 
 
 def _require_rmsnorm(config: LlamaConfig) -> None:
@@ -193,7 +202,7 @@ def modeling_source(model: Llama) -> str:
         "transformers shell of bhyt_pl.hf_modeling and every bhyt_pl definition it uses. Do not edit; export again.\n"
         '"""'
     )
-    return bundle_source(roots, extra, header=header)
+    return bundle_source(roots, extra, header=header, reading_order=MODELING_READING_ORDER)
 
 
 def save_hf(model: Llama, out_dir: str | Path, tokenizer: Any = None) -> Path:

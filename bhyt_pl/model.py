@@ -193,7 +193,7 @@ class Attention(nn.Module):
         """Whether the q/k/v norms act on each head [..., hd] (else on the whole projection)."""
         self.softmax_scale = norms.scale(self.head_dim)
         """The score scale the softmax sees; every consumer (the attention entropy) reads it here."""
-        self._sdpa_scale = norms.softmax_scale  # None: the kernel's own 1/sqrt(hd), bit for bit as before
+        self._sdpa_scale = norms.softmax_scale  # None: the kernel's own 1/sqrt(hd), bit for bit SDPA's default
 
     def reset_parameters(self) -> None:
         """The scheme's q/k scales (the projections and norms reset themselves)."""

@@ -1,11 +1,12 @@
 """A run's model configuration, built in one place (docs/method.md, section 9).
 
 ``build_run_config`` takes the preset, the norm (a registry name or a scheme instance), its arguments,
-the ``LlamaConfig`` overrides and the facts the run knows about itself (``seq_len``, ``batch_size``, ...),
-and returns one validated ``LlamaConfig`` that holds its resolved norm scheme, bound to the facts that
-scheme declares (``NormScheme.run_facts``). The CLI, ``LlamaLM`` (fine-tuning included), the study, the
-bench and the GPU scripts all build their configs here, so a scheme that declares a new run fact needs no
-edit outside its own file: every entry point already passes every fact it has.
+the ``LlamaConfig`` overrides and the facts the run knows about itself (``seq_len``, ``batch_size``, ...,
+made by ``bhyt_pl.run_facts.build_run_facts``), and returns one validated ``LlamaConfig`` that holds its
+resolved norm scheme, bound to the facts that scheme declares (``NormScheme.run_facts``). The CLI,
+``LlamaLM`` (fine-tuning included), the study, the bench and the GPU scripts all build their configs here,
+so a scheme that declares a run fact needs no edit outside its own file, and a new run fact needs only its
+``register_run_fact`` declaration: every entry point already passes every fact it has.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from bhyt_pl.config import LlamaConfig
 from bhyt_pl.norms import NormScheme
+from bhyt_pl.run_facts import complete_run_facts, registered_run_facts
 
 __all__ = ["RunFactsSource", "build_run_config", "data_run_facts"]
 
@@ -53,8 +55,10 @@ def build_run_config(
         norm_args: constructor arguments of the norm; with ``base``, updates of the base config's norm
             arguments (each must be an argument of its scheme).
         overrides: ``LlamaConfig`` fields that replace the preset's (or the base config's).
-        run_facts: every fact this run knows about itself, e.g. ``{"seq_len": 256, "batch_size": 8}``;
-            the scheme takes those it declares and ignores the rest, ``None`` values included.
+        run_facts: every fact this run knows about itself, e.g. ``{"seq_len": 256, "batch_size": 8}``
+            (``build_run_facts``); facts derivable from the settings among them are added
+            (``complete_run_facts``). The scheme takes those it declares and ignores the rest, ``None`` values
+            included.
         base: the config of a checkpoint this run starts from (fine-tuning); its facts are re-bound to
             this run's (the released code sets BHyT's T from the current run every time it builds a model).
 
@@ -69,7 +73,7 @@ def build_run_config(
         {}
     """
     norm_args, overrides = dict(norm_args or {}), dict(overrides or {})
-    facts = {k: v for k, v in (run_facts or {}).items() if v is not None}
+    facts = complete_run_facts(run_facts or {})
     if base is None:
         if isinstance(norm, NormScheme):
             if norm_args:
@@ -105,7 +109,13 @@ def build_run_config(
             )
     config = config.bind(**{k: v for k, v in facts.items() if k not in explicit})
     unbound = config.norm_scheme().unbound_run_facts()
-    if unbound:
+    unknown = [fact for fact in unbound if fact not in registered_run_facts()]
+    if unknown:
+        rank_zero_warn(
+            f"norm {config.norm!r} declares the run fact(s) {unknown}, which no entry point can give: declare "
+            f"them with bhyt_pl.run_facts.register_run_fact; registered run facts: {', '.join(registered_run_facts())}"
+        )
+    elif unbound:
         rank_zero_warn(
             f"norm {config.norm!r} needs the run fact(s) {unbound} but the run gave none: pass them as run facts "
             f"(LlamaLM(run_facts={{{unbound[0]!r}: ...}}); the CLI takes them from the data module's run_facts()); "

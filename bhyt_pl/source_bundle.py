@@ -2,7 +2,10 @@
 
 ``bundle_source(roots)`` copies the source of each root (a class or function defined in ``bhyt_pl``)
 and, recursively, of every ``bhyt_pl`` class, function and constant it names, in an order that
-defines base classes, decorators and default values before they are used. Imports from other
+defines base classes, decorators and default values before they are used; the caller may give a reading
+order of modules whose definitions come first (the export puts the configuration, the norms and the model
+before the transformers shell). This module knows no other ``bhyt_pl`` module: it imports the ones the
+roots live in, whatever they are, so it sits below everything it bundles. Imports from other
 packages (``torch``, ``transformers``) are kept as import lines; imports of ``bhyt_pl`` disappear,
 since what they named is now in the same file. So the exported model runs the very code the package
 trains with, without importing ``bhyt_pl``, and a new norm scheme exports without edits here.
@@ -21,13 +24,12 @@ import inspect
 import textwrap
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 __all__ = ["BundleError", "bundle_source", "bundled_module"]
 
 PACKAGE = "bhyt_pl"
-_READING_ORDER = ("bhyt_pl.config", "bhyt_pl.norms.base", "bhyt_pl.norms", "bhyt_pl.init", "bhyt_pl.model", "bhyt_pl")
-"""Module prefixes in the order their definitions appear in a bundle (the transformers shell comes last)."""
 
 
 class BundleError(ValueError):
@@ -144,7 +146,9 @@ class _Module:
 
 
 class _Bundler:
-    def __init__(self) -> None:
+    def __init__(self, reading_order: Sequence[str] = ()) -> None:
+        self.reading_order = tuple(reading_order)
+        """Module name prefixes whose definitions come first, in this order; the rest follow."""
         self.modules: dict[str, _Module] = {}
         self.definitions: dict[tuple[str, str], _Definition] = {}
         self.order: list[tuple[str, str]] = []  # discovery order
@@ -219,8 +223,8 @@ class _Bundler:
 
     # ------------------------------------------------------------------ output
     def ordered(self) -> list[_Definition]:
-        """Definitions in reading order (module by module, in source order: configuration and norms
-        first, the model, then the transformers shell), moved only where one must come after
+        """Definitions in reading order (module by module, in source order: the modules of
+        ``reading_order`` first, in its order, then the others by name), moved only where one must come after
         another that is evaluated while it is defined (a base class, a decorator, a default value)."""
         keys = list(self.definitions)
         blocking = {key: set(self.definitions[key].load_time) for key in keys}
@@ -245,7 +249,9 @@ class _Bundler:
 
     def _reading_key(self, key: tuple[str, str]) -> tuple[int, str, int, tuple[str, str]]:
         module, name = key
-        rank = next((i for i, prefix in enumerate(_READING_ORDER) if module.startswith(prefix)), len(_READING_ORDER))
+        order = self.reading_order
+        inside = [i for i, prefix in enumerate(order) if module == prefix or module.startswith(prefix + ".")]
+        rank = inside[0] if inside else len(order)
         return rank, module, self.modules[module].definitions[name].lineno, key
 
     def render(self, header: str) -> str:
@@ -296,7 +302,12 @@ def _strip_package_imports(source: str) -> tuple[str, dict[str, tuple[str, str]]
     return "\n".join(lines), removed
 
 
-def bundle_source(roots: Sequence[Any], extra_sources: Iterable[str] = (), header: str = "") -> str:
+def bundle_source(
+    roots: Sequence[Any],
+    extra_sources: Iterable[str] = (),
+    header: str = "",
+    reading_order: Sequence[ModuleType] = (),
+) -> str:
     """Python source of one module that defines ``roots`` and all they use from ``bhyt_pl``.
 
     Args:
@@ -305,12 +316,15 @@ def bundle_source(roots: Sequence[Any], extra_sources: Iterable[str] = (), heade
             ``NormScheme.export_source``); their ``bhyt_pl`` imports are resolved into the bundle and
             their other imports kept.
         header: text placed first (a module docstring).
+        reading_order: modules (a package stands for its submodules) whose definitions come first, in this
+            order; definitions of other modules follow. The caller imports them, so the dependency is an
+            import the package's layer test reads.
 
     Raises:
         BundleError: a root outside ``bhyt_pl``, a missing source, two definitions with one name,
             or definitions that need each other at import time.
     """
-    bundler = _Bundler()
+    bundler = _Bundler([m.__name__ for m in reading_order])
     for root in roots:
         module, name = getattr(root, "__module__", None), getattr(root, "__qualname__", None)
         if not (module and name and bundled_module(module)) or "." in name:

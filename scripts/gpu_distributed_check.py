@@ -36,6 +36,7 @@ from bhyt_pl.loss import resolve_impl
 from bhyt_pl.model import Block
 from bhyt_pl.parallelize import shard_model
 from bhyt_pl.run_config import build_run_config
+from bhyt_pl.run_facts import build_run_facts
 
 SCHEMES = ["rmsnorm", "layernorm", "dyt", "bhyt", "bhyt_exact", "peri_ln", "lns"]
 
@@ -43,8 +44,9 @@ SCHEMES = ["rmsnorm", "layernorm", "dyt", "bhyt", "bhyt_exact", "peri_ln", "lns"
 def model_config(
     args, norm: str, preset: str | None = None, seq_len: int | None = None, batch: int | None = None
 ) -> LlamaConfig:
-    """The preset with ``norm``, built by ``build_run_config`` with this run's facts (BHyT's T: the sequence length)."""
-    facts = {"seq_len": seq_len or args.seq_len, "batch_size": batch or args.batch}
+    """The preset with ``norm``, built by ``build_run_config`` with the run facts of this run's settings
+    (``build_run_facts``; BHyT's T: the sequence length)."""
+    facts = build_run_facts(seq_len=seq_len or args.seq_len, batch_size=batch or args.batch)
     return build_run_config(preset or args.preset, norm, run_facts=facts)
 
 

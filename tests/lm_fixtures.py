@@ -6,6 +6,8 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
+from bhyt_pl.run_facts import build_run_facts
+
 
 class _Windows(Dataset):
     """Deterministic token windows with learnable structure (an arithmetic progression mod vocab)."""
@@ -34,7 +36,7 @@ class TokenDataModule(L.LightningDataModule):
 
     def run_facts(self) -> dict[str, int]:
         """The run facts a data module declares (``bhyt_pl.run_config.RunFactsSource``), as C4DataModule does."""
-        return {"seq_len": self.seq_len, "batch_size": self.batch_size}
+        return build_run_facts(seq_len=self.seq_len, batch_size=self.batch_size)
 
     def train_dataloader(self) -> DataLoader:
         data = _Windows(self.n, self.seq_len, self.vocab, 0)

@@ -56,7 +56,7 @@ def test_the_resume_check_compares_resolved_values() -> None:
 
 
 def test_the_resume_check_treats_an_alias_as_the_value_it_names() -> None:
-    """``qk_norm: true`` is an alias of ``"head"`` (issue 23): the check compares what the config resolves to."""
+    """``qk_norm: true`` is an alias of ``"head"``: the check compares what the config resolves to."""
     saved = _checkpoint_of(LlamaLM(overrides={"qk_norm": "head"}, seq_len=64))
     saved["bhyt_pl"]["model_config"]["qk_norm"] = True  # as a checkpoint written before the modes has it
     resumed = LlamaLM(overrides={"qk_norm": "head"}, seq_len=64)

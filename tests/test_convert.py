@@ -226,6 +226,7 @@ def test_bundle_refuses_what_it_cannot_ship() -> None:
     )
 
 
+@pytest.mark.slow  # a second Python process
 def test_export_loads_without_the_package(tmp_path: Path) -> None:
     from bhyt_pl.convert import save_hf
 

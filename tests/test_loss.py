@@ -122,6 +122,7 @@ def test_model_forward_with_labels_equals_loss_of_logits(tie: bool) -> None:
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_compiled_model_loss_and_gradients_equal_eager() -> None:
     """The whole model, loss included, captured as one graph with autograd (aot_eager: inductor's code
     generation of a whole model costs about a minute on 2 cores and adds nothing to the capture)."""

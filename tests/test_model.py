@@ -1,4 +1,7 @@
-"""The Llama model: Hugging Face parity, KV cache, meta-device init, generation, compile."""
+"""The Llama model: Hugging Face parity, KV cache, generation, compile, QK-norm, scheme-specific state dicts.
+
+The checks every norm scheme passes (float64 reference, KV cache, meta-device init, state dict, bf16 autocast,
+...) are ``tests/scheme_checks.py``'s, run over the registry by ``tests/norms/test_schemes.py``."""
 
 from __future__ import annotations
 
@@ -90,25 +93,6 @@ def test_from_hf_refuses_query_key_norms() -> None:
         from_hf_llama(hf)
 
 
-KV_EXTRA = {"mix_ln": {"alpha": 0.5}, "hybridnorm": {"star": True}}
-
-
-@pytest.mark.parametrize(
-    ("norm", "qk_norm"), [(n, False) for n in SCHEMES] + [("mix_ln", True), ("bhyt", True), ("reordered", "full")]
-)
-def test_kv_cache_matches_full_forward(norm: str, qk_norm: bool | str) -> None:
-    model = Llama(_small(norm, qk_norm=qk_norm, norm_args=KV_EXTRA.get(norm, {}))).eval()
-    idx = torch.randint(0, 97, (2, 24))
-    with torch.no_grad():
-        full = model(idx)
-        cache = model.new_kv_cache(2, 24)
-        pieces = [model(idx[:, :10], cache, 0)]  # prefill
-        pieces.append(model(idx[:, 10:15], cache, 10))  # a chunk after a prefix (explicit mask)
-        for t in range(15, 24):  # one token at a time
-            pieces.append(model(idx[:, t : t + 1], cache, t))
-    torch.testing.assert_close(torch.cat(pieces, dim=1), full, atol=1e-5, rtol=1e-5)
-
-
 def test_greedy_generate_equals_argmax_loop_and_stops_at_eos() -> None:
     model = Llama(_small("bhyt")).eval()
     prompt = torch.randint(0, 97, (2, 5))
@@ -159,56 +143,9 @@ def test_sequence_longer_than_max_seq_len_is_refused() -> None:
         model(torch.zeros(1, 17, dtype=torch.long))
 
 
-@pytest.mark.parametrize(("norm", "qk_norm"), [(n, False) for n in SCHEMES] + [("seednorm", True)])
-def test_meta_device_build_materialise_reset(norm: str, qk_norm: bool) -> None:
-    config = _small(norm, qk_norm=qk_norm)
-    with torch.device("meta"):
-        model = Llama(config)
-    assert all(p.is_meta for p in model.parameters())
-    model.to_empty(device="cpu")
-    model.reset_parameters()
-    reference = Llama(config)
-    constrained = {id(w): dim for w, dim in model.width_matrices()} if norm == "ngpt" else {}
-    for (n, p), (_, q) in zip(model.named_parameters(), reference.named_parameters()):
-        assert torch.isfinite(p).all(), n
-        if p.ndim < 2:  # norm parameters are deterministic: identical to a normal build
-            torch.testing.assert_close(p, q, msg=n)
-        elif id(p) in constrained:  # nGPT: unit norm along the model width, after the init
-            torch.testing.assert_close(p.norm(dim=constrained[id(p)]), torch.ones(p.shape[constrained[id(p)] - 1]))
-        else:  # N(0, 0.02)
-            assert abs(p.std().item() - 0.02) < 0.004, n
-            assert abs(p.mean().item()) < 0.004, n
-    if norm == "bhyt":
-        assert all(float(layer.norms.c) > 0 for layer in model.layers)
-    assert (model.lm_head is None) == config.tie_embeddings  # tied: the output projection reads embed.weight
-    out = model(torch.randint(0, 97, (1, 8)))
-    assert torch.isfinite(out).all()
-
-
-@pytest.mark.parametrize("norm", SCHEMES)
-def test_state_dict_round_trip_and_keys(norm: str) -> None:
-    """A state dict loads strictly into a fresh model of the same config and reproduces its logits; the
-    post-residual sites add keys only where a scheme uses them, and QK-norm adds exactly its two gains."""
-    qk_norm = not build_norm_scheme(norm).owns_attention_norms
-    model = Llama(_small(norm, qk_norm=qk_norm)).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.ndim < 2:
-                p.add_(0.1)
-    fresh = Llama(_small(norm, qk_norm=qk_norm)).eval()
-    fresh.load_state_dict(model.state_dict(), strict=True)
-    idx = torch.randint(0, 97, (1, 12))
-    with torch.no_grad():
-        torch.testing.assert_close(fresh(idx), model(idx))
-    plain = set(Llama(_small(norm)).state_dict())
-    if qk_norm:
-        assert set(model.state_dict()) - plain == {f"layers.{i}.attn.{n}_norm.weight" for i in range(2) for n in "qk"}
-    if norm not in ("post_ln", "mix_ln", "hybridnorm"):
-        assert not any("_res." in k for k in plain)
-
-
-def test_new_zoo_state_dict_names_and_shapes() -> None:
-    """The keys and shapes issue 23 names, for each scheme of the second zoo (d=32, hd=8, H=4, K=2)."""
+def test_state_dict_names_and_shapes_of_reordered_hybridnorm_ssnorm_and_gpas() -> None:
+    """The state-dict keys and shapes of reordered, HybridNorm (and HybridNorm*), SSNorm and GPAS, as their
+    papers and OLMo-core name them (d=32, hd=8, H=4, K=2)."""
 
     def shapes(norm: str, **kw) -> dict[str, tuple[int, ...]]:
         sd = Llama(_small(norm, **kw)).state_dict()
@@ -248,8 +185,9 @@ def test_new_zoo_state_dict_names_and_shapes() -> None:
 
 
 def test_ngpt_names_settings_and_weight_constraint() -> None:
-    """nGPT: the state-dict names and inits of issue 23, untied embeddings, softmax scale sqrt(hd), unit-norm
-    weights along d at init, after loading and after the post-step hook, and the chunked loss with s_z."""
+    """nGPT: the state-dict names and inits of OLMo-core's NormalizedTransformer, untied embeddings, softmax
+    scale sqrt(hd), unit-norm weights along d at init, after loading and after the post-step hook, and the
+    chunked loss with s_z."""
     model = Llama(_small("ngpt"))
     sd = model.state_dict()
     d = 32
@@ -302,6 +240,27 @@ def test_qk_norm_choices_and_schemes_that_own_attention_norms() -> None:
         _small("hybridnorm", qk_norm="full")
     with pytest.raises(ValueError, match=r"qk_norm must be false, 'head', 'full' or true .*got 'rows'"):
         _small(qk_norm="rows")
+
+
+@pytest.mark.parametrize(("qk_norm", "q_width", "k_width"), [("head", 8, 8), ("full", 32, 16)])
+def test_qk_norm_gains_reach_the_output_and_full_spans_the_heads(qk_norm: str, q_width: int, k_width: int) -> None:
+    """QK-norm's gains are over ``hd`` (``head``) or the whole projection ``H*hd``, ``K*hd`` (``full``, OLMo 2), and
+    they reach the logits, so the per-scheme float64 checks of ``qk_norm`` cases see them; ``full``'s statistic
+    spans the heads, ``head``'s does not."""
+    model = Llama(_small(qk_norm=qk_norm)).double().eval()
+    attn = model.layers[0].attn
+    assert attn.q_norm.weight.shape == (q_width,) and attn.k_norm.weight.shape == (k_width,)
+    idx = torch.randint(0, 97, (2, 11))
+    with torch.no_grad():
+        ours = model(idx)
+        attn.k_norm.weight.mul_(2.0)
+        assert not torch.allclose(model(idx), ours)
+        u = torch.randn(1, 5, 32, dtype=torch.float64)
+        cos, sin = torch.ones(5, 8, dtype=torch.float64), torch.zeros(5, 8, dtype=torch.float64)
+        head0 = attn.qk(u, cos, sin)[1][:, 0]
+        attn.k_proj.weight[8:].mul_(3.0)  # key head 1 only
+        moved = not torch.allclose(attn.qk(u, cos, sin)[1][:, 0], head0)
+    assert moved == (qk_norm == "full")
 
 
 def test_default_attention_is_bit_identical_to_plain_sdpa() -> None:
@@ -420,22 +379,6 @@ def test_compiled_generate_equals_eager_without_recompiling() -> None:
     longer = model.generate(prompt[:, :3], max_new_tokens=20, compile=True)  # 23 tokens: the same 64 bucket
     assert counters["stats"]["unique_graphs"] == 1 and not counters["recompiles"]
     assert torch.equal(longer, model.generate(prompt[:, :3], max_new_tokens=20))
-
-
-@pytest.mark.parametrize("norm", SCHEMES)
-def test_forward_backward_under_bf16_autocast(norm: str) -> None:
-    """bf16-mixed as Lightning runs it: float32 parameters, the forward under ``torch.autocast`` (bfloat16),
-    so a scheme that mixes a float32 stream with a bfloat16 matmul output must promote (nGPT's update)."""
-    settings = build_norm_scheme(norm).model_settings
-    torch.manual_seed(0)
-    model = Llama(_small(norm, **settings))
-    idx = torch.randint(0, 97, (2, 16))
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        logits = model(idx)
-    loss = F.cross_entropy(logits.float().flatten(0, 1), idx.roll(-1, dims=1).flatten())
-    loss.backward()
-    assert torch.isfinite(loss)
-    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
 
 
 def test_ngpt_load_keeps_unit_weights_bit_identical_and_normalises_others() -> None:

@@ -1,7 +1,8 @@
-"""A run's config is built by one function, ``build_run_config``: the scheme is resolved once, run facts are
-declared by the scheme alone (no central list) and bound by every entry point through that function;
-fine-tuning binds the fine-tuning run's T and may turn the final norm into a BHyT site; checkpoints carry a
-schema version."""
+"""A run's facts are made by one builder, ``build_run_facts``, and its config by one function,
+``build_run_config``: the scheme is resolved once, a scheme declares the facts it needs and every entry point
+binds them through that function; a new fact declared in a test alone reaches every entry point; fine-tuning
+binds the fine-tuning run's T and may turn the final norm into a BHyT site; checkpoints carry a schema
+version."""
 
 from __future__ import annotations
 
@@ -16,11 +17,23 @@ from lm_fixtures import TINY_OVERRIDES
 from reference_model import vo_constant_ref
 
 import bhyt_pl.norms
+import bhyt_pl.run_facts
 from bhyt_pl import Llama, LlamaConfig, LlamaLM, load_model
 from bhyt_pl.checkpoint import SCHEMA_VERSION, checkpoint_entry
-from bhyt_pl.norms import BHyT, BHyTScheme, NormScheme, RMSNorm, RMSNormScheme, base, build_norm_scheme, register_norm
+from bhyt_pl.norms import (
+    BHyT,
+    BHyTScheme,
+    BlockNorms,
+    NormScheme,
+    RMSNorm,
+    RMSNormScheme,
+    base,
+    build_norm_scheme,
+    register_norm,
+)
 from bhyt_pl.norms.bhyt import UNBOUND_SEQ_LEN
 from bhyt_pl.run_config import build_run_config, data_run_facts
+from bhyt_pl.run_facts import RunSettings, build_run_facts, register_run_fact, registered_run_facts
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,6 +53,35 @@ def batch_probe(monkeypatch: pytest.MonkeyPatch) -> None:
     """``batch_probe`` registered for this module's tests only (other tests list the registered norms)."""
     monkeypatch.setattr(base, "_REGISTRY", dict(base._REGISTRY))
     register_norm("batch_probe")(BatchProbeScheme)
+
+
+class TokensProbeScheme(RMSNormScheme):
+    """A scheme that needs ``tokens_per_step``, a run fact the package does not have: the ``tokens_per_step``
+    fixture declares it."""
+
+    run_facts = ("tokens_per_step",)
+
+    def __init__(self, eps: float = 1e-5, impl: str = "auto", tokens_per_step: int | None = None) -> None:
+        super().__init__(eps, impl)
+        self.tokens_per_step = tokens_per_step
+
+    def block_norms(self, dim: int, layer_idx: int, n_layers: int) -> BlockNorms:
+        norms = super().block_norms(dim, layer_idx, n_layers)
+        norms.tokens_per_step = self.tokens_per_step  # what the bench's sites were built with
+        return norms
+
+
+@pytest.fixture
+def tokens_per_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new run fact, declared in this test file alone (tokens per optimizer step on one device), and a scheme
+    ``tokens_probe`` that needs it; both registrations are undone after the test."""
+    monkeypatch.setattr(bhyt_pl.run_facts, "_FACTS", dict(bhyt_pl.run_facts._FACTS))
+
+    @register_run_fact("tokens_per_step")
+    def _tokens_per_step(run: RunSettings) -> int | None:
+        return run.seq_len * run.batch_size if run.seq_len and run.batch_size else None
+
+    register_norm("tokens_probe")(TokensProbeScheme)
 
 
 def assert_model_uses_T(model: Llama, T: int) -> None:
@@ -69,6 +111,65 @@ def pretrained(tmp_path: Path) -> Path:
     with torch.no_grad():
         model.final_norm.weight.uniform_(0.5, 1.5)
     return write_checkpoint(model, tmp_path / "pretrained.ckpt")
+
+
+# ----------------------------------------------------------------------------- the one builder of facts
+def test_build_run_facts_gives_every_registered_fact_and_validates_the_settings() -> None:
+    assert registered_run_facts() == ["seq_len", "batch_size"]
+    assert build_run_facts(seq_len=256, batch_size=8) == {"seq_len": 256, "batch_size": 8}
+    assert build_run_facts(seq_len=256) == {"seq_len": 256}  # a fact the settings leave open is absent
+    assert build_run_facts() == {}
+    with pytest.raises(ValueError, match=r"invalid run settings: seq_len must be a positive int or None, got 0"):
+        build_run_facts(seq_len=0)
+    with pytest.raises(ValueError, match=r"batch_size must be a positive int or None, got True"):
+        build_run_facts(batch_size=True)
+    with pytest.raises(ValueError, match=r"run fact 'seq_len' is already registered; registered: seq_len, batch_size"):
+        register_run_fact("seq_len")(lambda run: run.seq_len)
+    with pytest.raises(ValueError, match=r"a run fact's name must be an identifier"):
+        register_run_fact("tokens per step")
+
+
+def test_a_new_fact_is_one_declaration(tokens_per_step: None) -> None:
+    assert registered_run_facts() == ["seq_len", "batch_size", "tokens_per_step"]
+    assert build_run_facts(seq_len=64, batch_size=3) == {"seq_len": 64, "batch_size": 3, "tokens_per_step": 192}
+    assert build_run_facts(seq_len=64) == {"seq_len": 64}
+    # facts given by hand are completed from the settings among them; a value given by hand wins
+    config = build_run_config("tiny", "tokens_probe", run_facts={"seq_len": 64, "batch_size": 3})
+    assert config.norm_args == {"tokens_per_step": 192}
+    config = build_run_config("tiny", "tokens_probe", run_facts={"seq_len": 64, "tokens_per_step": 10})
+    assert config.norm_args == {"tokens_per_step": 10}
+
+
+def test_a_fact_no_builder_declares_is_named_with_the_registered_ones() -> None:
+    register_norm("tokens_probe")(TokensProbeScheme)  # the fact itself is not registered here
+    with pytest.warns(UserWarning, match=r"declares the run fact\(s\) \['tokens_per_step'\], which no entry point "
+                      r"can give: .*register_run_fact; registered run facts: seq_len, batch_size"):  # fmt: skip
+        build_run_config("tiny", "tokens_probe", run_facts={"seq_len": 64, "batch_size": 3})
+
+
+FACT_MAKERS = {
+    "bhyt_pl/data/c4.py": "C4DataModule.run_facts",
+    "bhyt_pl/data/lima.py": "LIMADataModule.run_facts",
+    "bhyt_pl/bench/models.py": "the bench's models",
+    "bhyt_pl/bench/sites.py": "the bench's norm sites",
+    "scripts/gpu_distributed_check.py": "the GPU script",
+}
+
+
+@pytest.mark.parametrize("path", sorted(FACT_MAKERS))
+def test_each_maker_of_facts_calls_the_builder_and_writes_no_fact_by_hand(path: str) -> None:
+    tree = ast.parse((ROOT / path).read_text())
+    called = {node.func.id for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
+    assert "build_run_facts" in called, f"{FACT_MAKERS[path]} must make its run facts with build_run_facts"
+    facts = set(registered_run_facts())
+    hand_made = [  # a dict of nothing but run facts, such as {"seq_len": seq_len, "batch_size": batch_size}
+        ast.unparse(node)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Dict)
+        and node.keys
+        and all(isinstance(k, ast.Constant) and k.value in facts for k in node.keys)
+    ]
+    assert not hand_made, f"{FACT_MAKERS[path]} makes run facts by hand: {hand_made}"
 
 
 # ----------------------------------------------------------------------------- the one function
@@ -188,6 +289,90 @@ def test_each_entry_point_calls_the_one_function_and_binds_nothing_itself(path: 
     assert not attributes & {"bind", "from_name"}, f"{ENTRY_POINTS[path]} binds or builds a config itself"
 
 
+# ----------------------------------------------------------------------------- a new fact reaches every entry point
+def _tokens_c4() -> int:
+    from bhyt_pl.data import C4DataModule
+
+    return data_run_facts(C4DataModule.embedded(seq_len=96, batch_size=3))["tokens_per_step"]
+
+
+def _tokens_lima() -> int:
+    from bhyt_pl.data import LIMADataModule
+
+    return data_run_facts(LIMADataModule(tokenizer="embedded", max_seq_len=56, batch_size=2))["tokens_per_step"]
+
+
+def _tokens_cli() -> int:
+    from bhyt_pl.cli import main
+
+    args = ["--config", str(ROOT / "recipes/tiny.yaml"), "--data.init_args.seq_len", "96",
+            "--data.init_args.batch_size", "3", "--model.norm", "tokens_probe"]  # fmt: skip
+    return main(args, run=False).model.config.norm_scheme().tokens_per_step
+
+
+def _tokens_python() -> int:
+    lm = LlamaLM(overrides=TINY_OVERRIDES, norm="tokens_probe", seq_len=48, run_facts={"batch_size": 4})
+    return lm.config.norm_scheme().tokens_per_step
+
+
+def _tokens_fine_tuning(tmp_path: Path) -> int:
+    facts = build_run_facts(seq_len=32, batch_size=2)
+    config = build_run_config("tiny", "tokens_probe", overrides=TINY_OVERRIDES, run_facts=facts)
+    checkpoint = write_checkpoint(Llama(config), tmp_path / "probe.ckpt")
+    sft = LlamaLM(init_checkpoint=str(checkpoint), seq_len=48, run_facts={"batch_size": 7})  # settings by hand
+    return sft.config.norm_scheme().tokens_per_step
+
+
+def _tokens_bench_model() -> int:
+    from bhyt_pl.bench.models import build_model
+    from bhyt_pl.variants import parse_variant
+
+    cpu = torch.device("cpu")
+    model = build_model("tiny", parse_variant("tokens_probe"), {"n_layers": 2}, cpu, torch.float32, 40, 6)
+    return model.config.norm_scheme().tokens_per_step
+
+
+def _tokens_bench_sites() -> int:
+    from bhyt_pl.bench.sites import block_norms
+    from bhyt_pl.variants import parse_variant
+
+    cpu = torch.device("cpu")
+    norms = block_norms(parse_variant("tokens_probe"), 64, 4, cpu, torch.float32, seq_len=40, batch_size=6)
+    return norms.tokens_per_step
+
+
+def _tokens_gpu_script() -> int:
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts/gpu_distributed_check.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script.model_config(SimpleNamespace(preset="tiny", seq_len=80, batch=5), "tokens_probe").norm_args[
+        "tokens_per_step"
+    ]
+
+
+NEW_FACT_ENTRY_POINTS = {
+    "c4-data-module": (_tokens_c4, 96 * 3),
+    "lima-data-module": (_tokens_lima, 56 * 2),
+    "cli": (_tokens_cli, 96 * 3),
+    "python-api": (_tokens_python, 48 * 4),
+    "fine-tuning": (_tokens_fine_tuning, 48 * 7),
+    "bench-model": (_tokens_bench_model, 40 * 6),
+    "bench-sites": (_tokens_bench_sites, 40 * 6),
+    "gpu-script": (_tokens_gpu_script, 80 * 5),
+}
+
+
+@pytest.mark.parametrize("entry", sorted(NEW_FACT_ENTRY_POINTS))
+def test_a_run_fact_declared_in_this_test_alone_reaches_every_entry_point(
+    entry: str, tokens_per_step: None, tmp_path: Path
+) -> None:
+    """``tokens_per_step`` is declared by the fixture and used by ``tokens_probe``; no package file names it.
+    The study, which builds through the data module and ``LlamaLM``, is checked in the study test below."""
+    make, expected = NEW_FACT_ENTRY_POINTS[entry]
+    got = make(tmp_path) if entry == "fine-tuning" else make()
+    assert got == expected
+
+
 # ----------------------------------------------------------------------------- entry points
 def test_python_api_binds_T_and_a_new_fact() -> None:
     lm = LlamaLM(overrides=TINY_OVERRIDES, norm="bhyt", seq_len=48)
@@ -290,7 +475,12 @@ def test_sft_recipe_with_the_bhyt_overlay(pretrained: Path) -> None:
     assert_model_uses_T(cli.model.model, 56)  # LIMA's max_seq_len, not the pretraining 32
 
 
-def test_study_binds_its_sequence_length_and_a_new_fact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.slow  # trains a small study
+def test_study_binds_its_sequence_length_and_a_new_fact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tokens_per_step: None
+) -> None:
+    """The study's runs get BHyT's T and ``tokens_per_step``, a fact declared by this test's fixture alone
+    (from the study's --seq-len and --batch-size)."""
     from bhyt_pl.study import main, runner
 
     built: list[LlamaLM] = []
@@ -303,17 +493,17 @@ def test_study_binds_its_sequence_length_and_a_new_fact(tmp_path: Path, monkeypa
     monkeypatch.setattr(runner, "LlamaLM", recording)
     tiny = ["--quick", "--layers", "2", "--steps", "1", "--seq-len", "24", "--batch-size", "2", "--val-batches", "4",
             "--seeds", "1", "--lrs", "3e-3", "--no-importance"]  # fmt: skip
-    schemes = ["--schemes", "bhyt", "batch_probe"]
+    schemes = ["--schemes", "bhyt", "tokens_probe"]
     argv = [*tiny, "--shuffle-buffer", "4", "--workers", "1", "--no-compile", *schemes]  # in-process: patched
     assert main([*argv, "--out", str(tmp_path / "study")]) == 0
     by_norm: dict[str, list[LlamaLM]] = {}
     for lm in built:  # selection and evaluation runs of both groups
         by_norm.setdefault(lm.config.norm, []).append(lm)
-    assert set(by_norm) == {"bhyt", "batch_probe"}
+    assert set(by_norm) == {"bhyt", "tokens_probe"}
     for lm in by_norm["bhyt"]:
         assert lm.config.norm_args["seq_len"] == 24
         assert_model_uses_T(lm.model, 24)
-    assert all(lm.config.norm_scheme().batch_size == 2 for lm in by_norm["batch_probe"])
+    assert all(lm.config.norm_scheme().tokens_per_step == 24 * 2 for lm in by_norm["tokens_probe"])
 
 
 def test_bench_binds_its_sequence_length_and_a_new_fact() -> None:

@@ -7,6 +7,8 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from bhyt_pl.runs import RunLogger, checkpoint_run_version, claim_version, find_last_checkpoint
 
 
@@ -15,6 +17,7 @@ def _claim(run_dir: str, barrier, out) -> None:  # noqa: ANN001 - multiprocessin
     out.put(claim_version(run_dir))
 
 
+@pytest.mark.slow  # six processes
 def test_runs_started_at_the_same_instant_get_distinct_versions(tmp_path: Path) -> None:
     ctx = mp.get_context("fork")
     n = 6

@@ -14,7 +14,7 @@ from bhyt_pl.norms import registered_norms
 PACKAGE = Path(__file__).resolve().parents[1] / "bhyt_pl"
 EXEMPT = {"norms", "convert.py"}
 ALLOWED: set[tuple[str, str]] = set()
-"""``(file, snippet)`` pairs that may match a pattern; empty: every former exception now uses an interface."""
+"""``(file, snippet)`` pairs that may match a pattern; empty: every tool asks the scheme through an interface."""
 
 
 def _patterns() -> list[re.Pattern[str]]:

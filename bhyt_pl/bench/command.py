@@ -272,7 +272,8 @@ def _sites(results, variants: list[Variant], settings, device, dtype, sync) -> N
         for mode, use_compile in _modes(settings).items():
             steps, site_norms = {}, {}
             for v in variants:
-                norms = site_norms[v.label] = block_norms(v, dim, 16, device, dtype, settings["seq_len"])
+                norms = block_norms(v, dim, 16, device, dtype, settings["seq_len"], settings["batch"])
+                site_norms[v.label] = norms
                 step, forward = site_step(norms, settings["site_tokens"], use_compile, device, dtype, dim)
                 steps[v.label] = step
                 if "memory" in settings["parts"] and dim == settings["site_dims"][0]:
@@ -296,7 +297,7 @@ def _train(results, variants: list[Variant], settings, device, dtype, sync) -> N
     for mode, use_compile in _modes(settings).items():
         steps = {}
         for v in variants:
-            model = build_model(settings["preset"], v, settings["overrides"], device, dtype, T, batch_size=B)
+            model = build_model(settings["preset"], v, settings["overrides"], device, dtype, T, B)
             if use_compile:
                 compile_blocks(model)
             step, forward_loss = train_step(model, B, T, model.config.vocab_size, post_step=model.constrain_weights)
@@ -323,7 +324,7 @@ def _prenorm(results, variants: list[Variant], settings, device, dtype, sync) ->
     for dim in settings["site_dims"]:
         steps = {}
         for v in variants:
-            norms = block_norms(v, dim, 16, device, dtype, settings["seq_len"])
+            norms = block_norms(v, dim, 16, device, dtype, settings["seq_len"], settings["batch"])
             steps[v.label] = prenorm_step(norms, settings["site_tokens"], dim, device, dtype)
         samples = interleaved(steps, settings["repeats"], warmup=1, sync=sync)
         results.setdefault("prenorm", {})[f"d{dim}"] = {
@@ -341,7 +342,7 @@ def _train_ratio(results, variants: list[Variant], settings, device, dtype, sync
     steps = {}
     for mode, use_compile in _modes(settings).items():
         for v in variants:
-            model = build_model(settings["preset"], v, settings["overrides"], device, dtype, T)
+            model = build_model(settings["preset"], v, settings["overrides"], device, dtype, T, B)
             if use_compile:
                 compile_blocks(model)
             steps[f"{mode}/{v.label}"], _ = train_step(
@@ -371,7 +372,7 @@ def _decode(results, variants: list[Variant], settings, device, dtype, sync) -> 
         preset, overrides = parse_size(size)
         calls, compile_s = {}, {}
         for v in schemes:
-            model = build_model(preset, v, overrides, device, dtype, settings["seq_len"])
+            model = build_model(preset, v, overrides, device, dtype, settings["seq_len"], settings["batch"])
             if settings["compile"]:
                 _, generate = generation_fns(model, B, P, N, model.config.vocab_size, compile=True)
                 calls[f"compiled/{v.label}"] = generate
@@ -415,7 +416,9 @@ def _generate(results, variants: list[Variant], settings, device, dtype, sync) -
         for v in variants:
             if use_compile and v.label not in COMPILED_GENERATION:
                 continue
-            model = build_model(settings["preset"], v, settings["overrides"], device, dtype, settings["seq_len"])
+            model = build_model(
+                settings["preset"], v, settings["overrides"], device, dtype, settings["seq_len"], settings["batch"]
+            )
             prefill[v.label], generate[v.label] = generation_fns(
                 model, B, P, N, model.config.vocab_size, compile=use_compile
             )
@@ -444,7 +447,7 @@ def _generate(results, variants: list[Variant], settings, device, dtype, sync) -
 
 
 def _summary(results: dict[str, Any]) -> dict[str, dict[str, float | None]]:
-    """The issue's comparisons, each ours next to the paper's where it published one."""
+    """The headline comparisons of the benchmark, each ours next to the paper's where it published one."""
     out: dict[str, dict[str, float | None]] = {}
 
     def ratio(section: dict, a: str, b: str, field: str) -> float | None:

@@ -80,7 +80,7 @@ def measure_step_peak(spec: dict[str, Any]) -> dict[str, Any]:
     torch.set_num_threads(spec["threads"])
     device, dtype = torch.device(spec["device"]), getattr(torch, spec["dtype"])
     side, B, T = spec["side"], spec["batch"], spec["seq_len"]
-    model = build_model(spec["preset"], parse_variant("rmsnorm"), spec["overrides"], device, dtype, T)
+    model = build_model(spec["preset"], parse_variant("rmsnorm"), spec["overrides"], device, dtype, T, B)
     vocab = model.config.vocab_size
     impl = "plain" if side == "plain" else "auto"
     model.loss_impl = impl

@@ -8,6 +8,7 @@ import torch
 
 from bhyt_pl.model import Llama
 from bhyt_pl.run_config import build_run_config
+from bhyt_pl.run_facts import build_run_facts
 from bhyt_pl.variants import Variant
 
 __all__ = ["build_model", "compile_blocks", "hf_peer", "litgpt_available", "litgpt_peer"]
@@ -23,9 +24,9 @@ def build_model(
     batch_size: int | None = None,
 ):
     """``Llama`` of ``preset`` (with ``overrides``) for ``variant``, initialised from seed 0, its config built by
-    ``build_run_config`` with the benchmark's run facts: the training length ``seq_len`` (BHyT's T) and
-    ``batch_size`` when the benchmark trains."""
-    facts = {"seq_len": seq_len, "batch_size": batch_size}
+    ``build_run_config`` with the run facts of the benchmark's settings (``build_run_facts``): the training
+    length ``seq_len`` (BHyT's T) and the training ``batch_size``."""
+    facts = build_run_facts(seq_len=seq_len, batch_size=batch_size)
     config = build_run_config(preset, variant.norm, variant.norm_args, overrides, facts)
     torch.manual_seed(0)
     with torch.device("meta"):

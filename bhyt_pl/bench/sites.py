@@ -28,6 +28,7 @@ from bhyt_pl.config import LlamaConfig
 from bhyt_pl.model import Attention
 from bhyt_pl.norms import BlockNorms, NormScheme
 from bhyt_pl.run_config import build_run_config
+from bhyt_pl.run_facts import build_run_facts
 from bhyt_pl.variants import Variant
 
 __all__ = ["DATASHEET_BANDWIDTH", "block_norms", "memory_bandwidth", "site_bytes", "site_step"]
@@ -64,15 +65,23 @@ def memory_bandwidth(device: torch.device, nbytes: int = 256 * 2**20, repeats: i
 
 
 def block_norms(
-    variant: Variant, dim: int, n_layers: int, device: torch.device, dtype: torch.dtype, seq_len: int
+    variant: Variant,
+    dim: int,
+    n_layers: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    seq_len: int,
+    batch_size: int | None = None,
 ) -> BlockNorms:
-    """The norms of block 0 of ``n_layers`` for ``variant``, bound to the training length ``seq_len``, with
+    """The norms of block 0 of ``n_layers`` for ``variant``, bound to the run facts of the benchmark's
+    settings (``build_run_facts``: the training length ``seq_len``, the training ``batch_size``), with
     their weight-derived constants refreshed from a stand-in attention (BHyT's ``c`` comes out at a typical
     0.5; any positive value exercises the correction)."""
     # the scheme of a model of this width and depth, built as every run builds it; the attention's shape
     # (one head of width 2) reaches the norms only through refresh_constants
     shape = {"dim": dim, "n_layers": n_layers, "n_heads": 1, "n_kv_heads": 1, "head_dim": 2, "max_seq_len": seq_len}
-    config = build_run_config("tiny", variant.norm, variant.norm_args, shape, {"seq_len": seq_len})
+    facts = build_run_facts(seq_len=seq_len, batch_size=batch_size)
+    config = build_run_config("tiny", variant.norm, variant.norm_args, shape, facts)
     scheme = config.norm_scheme()
     norms = scheme.block_norms(dim, 0, n_layers)
     norms = norms.to(device=device, dtype=dtype)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import torch
 
 from bhyt_pl.bench.timing import interleaved, median
-from bhyt_pl.norms.bhyt import rational_tanh
+from bhyt_pl.norms.bhyt_kernels import rational_tanh
 
 __all__ = ["FORMULATIONS", "max_relative_error", "tanh_table"]
 

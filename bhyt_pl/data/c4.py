@@ -28,6 +28,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from bhyt_pl.data.tokenizer import ASSETS_DIR, EMBEDDED, HUB_TOKENIZER, SpecialTokens, load_tokenizer
 from bhyt_pl.errors import UsageError
+from bhyt_pl.run_facts import build_run_facts
 from bhyt_pl.validation import raise_if_problems
 
 __all__ = [
@@ -418,9 +419,10 @@ class C4DataModule(LightningDataModule):
         return cls(**{"data_files": EMBEDDED, "tokenizer": EMBEDDED, "seq_len": 256, **kwargs})
 
     def run_facts(self) -> dict[str, Any]:
-        """What this data module tells the model about the run (``bhyt_pl.run_config.RunFactsSource``): the
-        training sequence length and the per-device batch size; a norm scheme binds those it declares."""
-        return {"seq_len": self.seq_len, "batch_size": self.batch_size}
+        """What this data module tells the model about the run (``bhyt_pl.run_config.RunFactsSource``): every
+        registered run fact of its sequence length and per-device batch size (``bhyt_pl.run_facts``); a norm
+        scheme binds those it declares."""
+        return build_run_facts(seq_len=self.seq_len, batch_size=self.batch_size)
 
     def prepare_data(self) -> None:
         load_tokenizer(self.tokenizer)  # fetch (and cache) a Hub tokenizer once, on rank 0

@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from bhyt_pl.data.chat import ChatTemplate, chat_segments
 from bhyt_pl.data.tokenizer import HUB_TOKENIZER, SpecialTokens, load_tokenizer
+from bhyt_pl.run_facts import build_run_facts
 from bhyt_pl.validation import raise_if_problems
 
 __all__ = ["LIMADataModule", "SFTDataset", "collate_sft", "encode_conversation", "parse_row"]
@@ -221,9 +222,10 @@ class LIMADataModule(LightningDataModule):
             ) from err
 
     def run_facts(self) -> dict[str, Any]:
-        """What this data module tells the model about the run (``bhyt_pl.run_config.RunFactsSource``): the
-        training sequence length and the per-device batch size; a norm scheme binds those it declares."""
-        return {"seq_len": self.max_seq_len, "batch_size": self.batch_size}
+        """What this data module tells the model about the run (``bhyt_pl.run_config.RunFactsSource``): every
+        registered run fact of its sequence length and per-device batch size (``bhyt_pl.run_facts``); a norm
+        scheme binds those it declares."""
+        return build_run_facts(seq_len=self.max_seq_len, batch_size=self.batch_size)
 
     def prepare_data(self) -> None:
         load_tokenizer(self.tokenizer)

@@ -1,10 +1,12 @@
 """Normalization schemes: an open registry of per-block norms (docs/method.md, sections 2-4).
 
-Importing this package registers the built-in schemes: ``rmsnorm``, ``layernorm``, ``dyt``,
-``bhyt``, ``bhyt_exact``, ``peri_ln``, ``lns``, ``derf``, ``dyisru``, ``seednorm``, ``post_ln``,
-``mix_ln``, ``reordered`` (OLMo 2), ``hybridnorm``, ``ssnorm``, ``gpas`` and ``ngpt``. Add your own
-with ``@register_norm``.
+Importing this package imports every module in it, so each scheme a module registers with
+``@register_norm`` is available (``registered_norms()`` lists them): a new scheme is one new file here.
+The classes most users need are re-exported below. Add schemes of your own, anywhere, with ``@register_norm``.
 """
+
+import importlib
+import pkgutil
 
 from bhyt_pl.norms.base import (
     QK_NORMS,
@@ -90,3 +92,9 @@ __all__ = [
     "second_moment",
     "vo_constant",
 ]
+
+# every scheme module registers itself on import; importing them all here means a new scheme file needs no
+# edit in this one
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
+del _module

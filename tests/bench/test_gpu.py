@@ -28,3 +28,10 @@ def test_settings_are_the_paper_models(capsys: pytest.CaptureFixture[str]) -> No
 def test_arguments_given_after_override_the_gpu_defaults(capsys: pytest.CaptureFixture[str]) -> None:
     s = _dry_run(capsys, "--preset", "tiny", "--repeats", "2")
     assert s["preset"] == "tiny" and s["repeats"] == 2 and s["dtype"] == "bfloat16"
+
+
+def test_gpu_script_dry_run(capsys: pytest.CaptureFixture[str]) -> None:
+    assert gpu.main(["--dry-run"]) == 0
+    settings = json.loads(capsys.readouterr().out)
+    assert settings["device"] == "cuda" and settings["dtype"] == "bfloat16" and settings["preset"] == "llama-374m"
+    assert settings["compile"] is True

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 
-from bhyt_pl.bench.models import build_model, compile_blocks, hf_peer
+from bhyt_pl.bench.models import build_model, compile_blocks, hf_peer, litgpt_peer
+from bhyt_pl.variants import parse_variant
 
 CPU = torch.device("cpu")
 
@@ -41,3 +43,13 @@ def test_compile_blocks_compiles_every_block_in_place() -> None:
     model = build_model("tiny", _variant("rmsnorm"), {"n_layers": 2}, CPU, torch.float32, seq_len=16)
     assert compile_blocks(model) is model
     assert all(layer._compiled_call_impl is not None for layer in model.layers)
+
+
+def test_litgpt_peer_computes_our_logits() -> None:
+    pytest.importorskip("litgpt")
+    model = build_model("tiny", parse_variant("rmsnorm"), {"n_layers": 2}, torch.device("cpu"), torch.float32, 64)
+    peer = litgpt_peer(model)
+    idx = torch.randint(0, 8192, (2, 17))
+    with torch.no_grad():
+        torch.testing.assert_close(peer(idx), model(idx), atol=1e-5, rtol=1e-5)
+    assert peer.lm_head.weight is peer.transformer.wte.weight

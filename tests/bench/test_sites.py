@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from bhyt_pl.bench.sites import block_norms, memory_bandwidth, site_bytes, site_step
+from bhyt_pl.norms import registered_norms
 
 CPU = torch.device("cpu")
 
@@ -50,3 +51,30 @@ def test_site_step_composes_the_block_and_clears_gradients() -> None:
 def test_memory_bandwidth_on_cpu_has_a_copy_rate_and_no_datasheet() -> None:
     out = memory_bandwidth(CPU, nbytes=4 * 2**20, repeats=3)
     assert out["datasheet"] is None and out["copy"] > 0
+
+
+@pytest.mark.parametrize("norm", registered_norms())
+def test_site_step_runs_every_registered_scheme(norm: str) -> None:
+    """Every scheme's block of sites runs forward and backward in the benchmark, and the step clears what it
+    accumulated (block 0 of 16)."""
+    norms = block_norms(_variant(norm), 16, 16, CPU, torch.float32, seq_len=64)
+    step, forward = site_step(norms, 8, False, CPU, torch.float32, 16)
+    step()
+    u, v, y = forward()
+    assert u.shape == v.shape == y.shape == (8, 16)
+    assert all(p.grad is None for p in norms.parameters())
+
+
+@pytest.mark.parametrize("norm", ["post_ln", "mix_ln", "hybridnorm"])
+def test_site_step_drives_the_residual_sites(norm: str) -> None:
+    """The sites benchmark drives the post-residual sites too (block 0 of 16: Mix-LN's first layer is Post-LN):
+    a block that ends in a norm has unit RMS per token; HybridNorm's MLP reads the normalised stream after the
+    attention add, with no norm of its own."""
+    norms = block_norms(_variant(norm), 16, 16, CPU, torch.float32, seq_len=64)
+    _, forward = site_step(norms, 8, False, CPU, torch.float32, 16)
+    _, v, y = forward()
+    unit = torch.ones(8)
+    if norm == "hybridnorm":
+        torch.testing.assert_close(v.pow(2).mean(-1), unit, atol=1e-4, rtol=1e-4)
+    else:
+        torch.testing.assert_close(y.pow(2).mean(-1), unit, atol=1e-4, rtol=1e-4)

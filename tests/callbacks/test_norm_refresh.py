@@ -105,6 +105,7 @@ def test_c_is_recomputed_after_a_checkpoint_restore(tmp_path: Path) -> None:
 
 
 @pytest.mark.distributed
+@pytest.mark.slow
 def test_fsdp2_every_rank_gets_the_single_process_c(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items()
            if k not in LAUNCHER_VARS and not k.startswith(("TORCHELASTIC_", "PL_"))}  # fmt: skip

@@ -67,7 +67,7 @@ def test_tokens_per_sec_equals_counted_tokens_over_scripted_time(monkeypatch: py
     assert last["memory/rss_gib"] > 0.01 and last["memory/peak_rss_gib"] >= last["memory/rss_gib"] * 0.99
     # no rate before the window of 3 batches is full (batches 1 and 2, logged at steps 0 and 1 as train/loss is)
     assert "train/tokens_per_sec" not in logger.history[1] and "train/tokens_per_sec" in logger.history[2]
-    # the same steps as train/loss: they were one step ahead of it
+    # the same steps as train/loss, not one step ahead of it
     loss_steps = {step for step, metrics in logger.history.items() if "train/loss" in metrics}
     rate_steps = {step for step, metrics in logger.history.items() if "train/tokens_per_sec" in metrics}
     assert loss_steps == set(range(6)) and rate_steps == loss_steps - {0, 1}
@@ -107,8 +107,8 @@ def test_bad_arguments(kwargs: dict, message: str) -> None:
 
 
 def test_validation_and_memory_metrics_are_logged_at_the_steps_of_the_loss(monkeypatch: pytest.MonkeyPatch) -> None:
-    """They were logged against the validation batch counter (1, 2, 3, 4, 5, 6 over two validations), so
-    their curves zig-zagged against every other metric's global step."""
+    """At the global step, as every other metric, not at the validation batch counter (1, 2, 3, 4, 5, 6 over
+    two validations), against which their curves would zig-zag."""
     logger = MemoryLogger()
     lm = LlamaLM(overrides=TINY_OVERRIDES, seq_len=32, warmup_steps=0)
     trainer = quiet_trainer(

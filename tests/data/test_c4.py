@@ -54,6 +54,7 @@ def test_batches_are_shifted_packed_windows(c4_dir: Path):
     )
 
 
+@pytest.mark.slow  # two DataLoader worker processes per rank
 def test_two_ranks_two_workers_are_disjoint_and_complete(c4_dir: Path):
     files = shard_files(c4_dir)
     seen_shards = []
@@ -250,7 +251,8 @@ def _complete_docs_in_prefix(path: Path) -> list[str]:
 
 
 def test_a_truncated_shard_keeps_its_documents_and_skips_its_rest(tmp_path: Path, caplog: pytest.LogCaptureFixture):
-    """It used to raise EOFError mid-training without a file name, and again at once on resume."""
+    """A gzip shard cut short yields the documents before the cut and is logged by name; it raises no EOFError,
+    mid-training or at once on resume."""
     docs = word_docs(0, 3000)
     broken = _truncated_shard(tmp_path / "c4-train.00000-of-00002.json.gz", docs, keep=0.6)
     good_docs = word_docs(1, 20)
@@ -291,7 +293,7 @@ def test_training_data_with_a_broken_shard_resumes_on_the_exact_next_batch(tmp_p
 
 
 def test_a_shard_breaking_before_its_first_document_is_counted_once(tmp_path: Path):
-    """It was counted both as unreadable and as empty when the caller kept no ``unreadable`` record."""
+    """It counts as unreadable only, also when the caller keeps no ``unreadable`` record."""
     broken = _truncated_shard(tmp_path / "c4-train.00000-of-00001.json.gz", word_docs(0, 3000), keep=0.002)
     skipped = Counter()
     assert list(read_documents([str(broken)], skipped)) == []

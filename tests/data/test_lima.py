@@ -82,7 +82,7 @@ def test_truncation_keeps_the_prompt_tail_and_the_response_start():
         ({"conversations": ["q", " "], "source": "x"}, "empty_turn"),
         ({"conversations": ["q", 3], "source": "x"}, "not_strings"),
         ({"text": "neither format"}, "unknown_format"),
-        ({"conversations": None, "source": "x"}, "missing_field"),  # was "unknown_format"
+        ({"conversations": None, "source": "x"}, "missing_field"),  # LIMA's format with a field missing
     ],
 )
 def test_malformed_rows_name_their_reason(row, reason):
@@ -146,7 +146,7 @@ def test_missing_local_file_and_bad_arguments(tmp_path: Path):
 @pytest.mark.parametrize(
     ("row", "reason"),
     [
-        ({"instruction": None, "input": "text", "output": "answer"}, "missing_field"),  # was trained as "None\n\ntext"
+        ({"instruction": None, "input": "text", "output": "answer"}, "missing_field"),  # not trained as "None\n\ntext"
         ({"input": "text", "output": "answer"}, "missing_field"),
         ({"instruction": "Do it.", "input": "", "output": None}, "missing_field"),
         ({"instruction": 3, "input": "", "output": "answer"}, "not_strings"),

@@ -1,16 +1,91 @@
-"""BHyT specifics: gradients (docs/method.md, section 3), the cached constant c, fixed lambdas, the theorem helper."""
+"""``bhyt`` and ``bhyt_exact``: the float64 reference for the shared per-scheme checks; gradients
+(docs/method.md, section 3), the cached constant c, fixed lambdas, exact_layers, the theorem helper; the fused
+site (impl="fused") against the reference site."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
-from reference_model import vo_constant_ref
+from reference_model import Case, SchemeReference, _p, mlp_ref, rms, vo_constant_ref
+from scheme_checks import float64_model
 
 from bhyt_pl import Llama, LlamaConfig
-from bhyt_pl.model import Block
-from bhyt_pl.norms import BHyTScheme, satisfies_variance_bound, vo_constant
+from bhyt_pl.bench.memory import saved_activation_bytes
+from bhyt_pl.model import Block, rope_cos_sin
+from bhyt_pl.norms import BHyT, BHyTScheme, RMSNorm, build_norm_scheme, satisfies_variance_bound, vo_constant
 
 
+# ----------------------------------------------------------------------------- float64 reference
+def bhyt_site(x, site, kappa, eps, stat, spread=None, mean=None):
+    """gamma * tanh(lambda * x / D); D from the given (approximated) statistic or exact ones."""
+    if stat == "rms":
+        m = x.pow(2).mean(-1, keepdim=True) if spread is None else spread
+        denom = kappa * torch.sqrt(m + eps)
+    else:
+        mu = x.mean(-1, keepdim=True) if mean is None else mean
+        var = (x - x.mean(-1, keepdim=True)).pow(2).mean(-1, keepdim=True) if spread is None else spread
+        denom = kappa * torch.sqrt(var + eps) + mu.abs()
+    return _p(site.weight) * torch.tanh(_p(site.lambda_) * x / denom)
+
+
+def _kappa(args: dict) -> float:
+    return args.get("kappa") or 1.0 / math.sqrt(1.0 - args.get("p", 0.99))
+
+
+def _reference_block(x, layer, li, model, args, attend, approximate: bool = True):
+    """Site A exact; site B from site A's statistic plus ``c * lambda_A^2 / kappa^2`` unless exact here."""
+    n, kappa, eps, stat = layer.norms, _kappa(args), args.get("eps", 1e-6), args.get("stat", "rms")
+    u = bhyt_site(x, n.attn_in, kappa, eps, stat)
+    h = x + attend(u, layer.attn)
+    exact_layers = args.get("exact_layers")
+    exact_here = li < exact_layers if isinstance(exact_layers, int) else li in (exact_layers or ())
+    if approximate and not exact_here:
+        lam_a = float(n.attn_in.lambda_.detach())
+        corr = vo_constant_ref(layer.attn, args.get("seq_len", 1024)) * lam_a**2 / kappa**2
+        if stat == "rms":
+            spread, mean = x.pow(2).mean(-1, keepdim=True) + corr, None
+        else:
+            mean = x.mean(-1, keepdim=True)
+            spread = (x - mean).pow(2).mean(-1, keepdim=True) + corr
+        v = bhyt_site(h, n.mlp_in, kappa, eps, stat, spread=spread, mean=mean)
+    else:
+        v = bhyt_site(h, n.mlp_in, kappa, eps, stat)
+    return h + mlp_ref(v, layer.mlp)
+
+
+def _final(x, f, args):
+    if args.get("lambda_final", 0) > 0:  # a BHyT final norm with exact statistics
+        return bhyt_site(x, f, _kappa(args), args.get("eps", 1e-6), args.get("stat", "rms"))
+    return rms(x, f.weight, args.get("final_eps", 1e-5))
+
+
+REFERENCES = {
+    "bhyt": SchemeReference(
+        block=_reference_block,
+        final=_final,
+        cases=(
+            Case({"lambda_attn": 1.0, "lambda_final": 1.5, "seq_len": 64}),
+            Case({"stat": "meanstd"}),
+            Case({"kappa": 4.0, "learnable_lambda": False}),
+            Case({"exact_layers": 2}),
+            Case({"exact_layers": [2, 0]}),
+            Case({"exact_layers": [1], "stat": "meanstd"}),
+            Case(overrides={"qk_norm": "head"}),
+        ),
+    ),
+    "bhyt_exact": SchemeReference(
+        block=lambda x, layer, li, model, args, attend: _reference_block(
+            x, layer, li, model, args, attend, approximate=False
+        ),
+        final=_final,
+        cases=(Case({"stat": "meanstd", "lambda_final": 1.0}),),
+    ),
+}
+
+
+# ----------------------------------------------------------------------------- gradients, c, lambdas
 def _block(norm: str, **args) -> tuple[Block, LlamaConfig]:
     config = LlamaConfig(
         dim=8, n_layers=2, n_heads=4, n_kv_heads=2, mlp_dim=12, vocab_size=16, norm=norm, norm_args=args
@@ -169,3 +244,188 @@ def test_save_tanh_is_a_scheme_argument_with_the_same_function() -> None:
         torch.testing.assert_close(b, a)
     with pytest.raises(ValueError, match="save_tanh must be true or false, got 'yes'"):
         BHyTScheme(save_tanh="yes")
+
+
+# ----------------------------------------------------------------------------- exact_layers
+def test_bhyt_correction_changes_the_output() -> None:
+    """Guard: with a zeroed c the approximation differs, so the formula test above sees c."""
+    config = LlamaConfig.from_name("tiny", vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, norm="bhyt")
+    model = float64_model(config)
+    c = float(model.layers[0].norms.c)
+    assert c == pytest.approx(vo_constant_ref(model.layers[0].attn, 1024), rel=1e-6)
+    idx = torch.randint(0, 64, (1, 9))
+    with torch.no_grad():
+        before = model(idx)
+        for layer in model.layers:
+            layer.norms.c.zero_()
+        after = model(idx)
+    assert not torch.allclose(before, after)
+
+
+@pytest.mark.parametrize(("exact_layers", "expected"), [(None, [True] * 3), (2, [False, False, True]),
+                                                        ([2, 0], [False, True, False]), (7, [False] * 3)])  # fmt: skip
+def test_exact_layers_selects_site_b_statistics_per_layer(exact_layers, expected: list[bool]) -> None:
+    """Which layers approximate; the approximated ones still get c, the exact ones don't need it."""
+    config = LlamaConfig.from_name(
+        "tiny", vocab_size=64, dim=32, n_layers=3, n_heads=4, n_kv_heads=2, norm="bhyt",
+        norm_args={"exact_layers": exact_layers},
+    )  # fmt: skip
+    model = float64_model(config)
+    assert [layer.norms.approximate for layer in model.layers] == expected
+    assert [float(layer.norms.c) > 0 for layer in model.layers] == expected
+    names = {n for n, _ in model.named_parameters()}
+    assert "layers.0.norms.mlp_in.lambda_" in names and "layers.0.norms.attn_in.lambda_" in names
+
+
+def test_exact_layers_is_stored_hashable_and_validated() -> None:
+    from bhyt_pl.norms import BHyTScheme
+
+    a, b = BHyTScheme(exact_layers=[1, 0]), BHyTScheme(exact_layers=(0, 1))
+    assert a.exact_layers == (0, 1) and a == b and hash(a) == hash(b)
+    assert type(a)(**a.hparams()) == a
+    assert BHyTScheme(exact_layers=2).exact_layers == 2
+    assert BHyTScheme() != BHyTScheme(exact_layers=[0])
+    with pytest.raises(ValueError, match="exact_layers indices must be >= 0"):
+        BHyTScheme(exact_layers=[-1])
+    with pytest.raises(TypeError, match="exact_layers must be None, an int k"):
+        BHyTScheme(exact_layers="0,1")
+    with pytest.raises(ValueError, match=r"exact_layers \[0, 5\] names layers beyond the model's 3"):
+        Llama(LlamaConfig.from_name("tiny", vocab_size=64, dim=32, n_layers=3, norm="bhyt",
+                                    norm_args={"exact_layers": [0, 5]}))  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- the fused site
+def _pair(stat: str, dtype: torch.dtype = torch.float32) -> tuple[BHyT, BHyT]:
+    ref = BHyT(48, 2.0, 10.0, 1e-6, stat=stat, impl="reference").to(dtype)
+    fused = BHyT(48, 2.0, 10.0, 1e-6, stat=stat, impl="fused").to(dtype)
+    with torch.no_grad():
+        ref.weight.uniform_(0.5, 1.5)
+        ref.lambda_.fill_(1.7)
+    fused.load_state_dict(ref.state_dict())
+    return ref, fused
+
+
+def _run(site: BHyT, x: torch.Tensor, g: torch.Tensor, with_stats: bool):
+    x = x.detach().clone().requires_grad_(True)
+    if with_stats:  # site B: a statistic handed in, with its own gradient path into x
+        stats = site.statistics(x)
+        stats = stats._replace(spread=stats.spread + 0.3)
+        y = site(x, stats)
+    else:
+        y = site(x)
+    y.backward(g)
+    return y.detach(), x.grad, site.weight.grad, site.lambda_.grad
+
+
+@pytest.mark.parametrize("stat", ["rms", "meanstd"])
+@pytest.mark.parametrize("with_stats", [False, True])
+@pytest.mark.parametrize("compiled_path", [False, True], ids=["eager-function", "compiled-path"])
+def test_fused_equals_reference_float32(
+    stat: str, with_stats: bool, compiled_path: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ref, fused = _pair(stat)
+    if compiled_path:  # the Functions and rational tanh the fused path traces while compiling, run eagerly
+        monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+        assert not fused.eager_function()
+    x = torch.randn(3, 7, 48) * 4
+    g = torch.randn(3, 7, 48)
+    for a, b in zip(_run(ref, x, g, with_stats), _run(fused, x, g, with_stats)):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_equals_reference_bfloat16() -> None:
+    ref, fused = _pair("rms", torch.bfloat16)
+    x = (torch.randn(2, 5, 48) * 3).bfloat16()
+    g = torch.randn(2, 5, 48).bfloat16()
+    for a, b in zip(_run(ref, x, g, False), _run(fused, x, g, False)):
+        torch.testing.assert_close(b.float(), a.float(), rtol=2e-2, atol=2e-2)
+
+
+def _fused_block(impl: str, dtype: torch.dtype = torch.float64) -> tuple[Block, tuple]:
+    config = LlamaConfig(
+        dim=8, n_layers=2, n_heads=4, n_kv_heads=2, mlp_dim=12, vocab_size=16, norm="bhyt", norm_args={"impl": impl}
+    )
+    block = Block(config, 0, config.norm_scheme()).to(dtype)
+    with torch.no_grad():
+        for p in block.parameters():
+            if p.ndim == 2:
+                p.normal_(0, 0.4)
+    block.refresh_norm_constants()
+    return block, rope_cos_sin(torch.arange(5), config.head_dim, config.rope_theta, dtype)
+
+
+def test_fused_block_gradcheck_float64() -> None:
+    block, (cos, sin) = _fused_block("fused")
+    names = ["norms.mlp_in.lambda_", "norms.attn_in.weight", "norms.mlp_in.weight", "attn.v_proj.weight"]
+    params = dict(block.named_parameters())
+
+    def f(x, *values):
+        return torch.func.functional_call(block, dict(zip(names, values)), (x, cos, sin))
+
+    x = torch.randn(1, 5, 8, dtype=torch.float64, requires_grad=True)
+    inputs = (x, *[params[n].detach().clone().requires_grad_(True) for n in names])
+    assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_fused_block_traces_fullgraph() -> None:
+    """dynamo captures the autograd Functions in one graph (aot_eager: no code generation)."""
+    torch._dynamo.reset()
+    block, (cos, sin) = _fused_block("fused", torch.float32)
+    ref, _ = _fused_block("reference", torch.float32)
+    ref.load_state_dict(block.state_dict())
+    ref.refresh_norm_constants()
+    x = torch.randn(2, 5, 8, requires_grad=True)
+    out = torch.compile(block, fullgraph=True, backend="aot_eager")(x, cos, sin)
+    expected = ref(x, cos, sin)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    (g,) = torch.autograd.grad(out.square().sum(), [x])
+    (g_ref,) = torch.autograd.grad(expected.square().sum(), [x])
+    torch.testing.assert_close(g, g_ref, rtol=1e-5, atol=1e-5)
+
+
+def test_auto_takes_the_eager_function_on_cpu_only() -> None:
+    """``auto`` runs ``BHyTSiteFunction`` eagerly only on the CPU (the device it was measured on); elsewhere
+    (here the meta device, standing in for CUDA) the plain-ops path, while ``fused`` keeps the Function."""
+    x = torch.randn(3, 8, device="meta", requires_grad=True)
+    auto, fused = BHyT(8, 1.0, 10.0, 1e-6).to("meta"), BHyT(8, 1.0, 10.0, 1e-6, impl="fused").to("meta")
+    assert not auto.fused() and not auto.eager_function() and fused.eager_function()
+    assert type(auto(x).grad_fn).__name__ != "BHyTSiteFunctionBackward"
+    assert type(fused(x).grad_fn).__name__ == "BHyTSiteFunctionBackward"
+
+
+def test_auto_runs_the_function_eager_and_the_fused_ops_while_compiling(monkeypatch: pytest.MonkeyPatch) -> None:
+    site = BHyT(8, 1.0, 10.0, 1e-6)
+    assert site.impl == "auto" and site.fused() and site.eager_function()
+    x = torch.randn(3, 8, requires_grad=True)
+    assert type(site(x).grad_fn).__name__ == "BHyTSiteFunctionBackward"
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert site.fused() and not site.eager_function()
+    reference = BHyT(8, 1.0, 10.0, 1e-6, impl="reference")
+    assert not reference.fused() and not reference.eager_function()
+
+
+def test_fused_saves_no_more_activations_than_rmsnorm() -> None:
+    x = torch.randn(64, 256, requires_grad=True)
+    fused = BHyT(256, 2.0, 10.0, 1e-6, impl="fused")
+    ref = BHyT(256, 2.0, 10.0, 1e-6, impl="reference")
+    rms = RMSNorm(256, impl="reference")  # the plain ops (the eager default saves as little as fused BHyT)
+    saved = {
+        name: saved_activation_bytes(lambda m=m: m(x), m.parameters())
+        for name, m in (("fused", fused), ("reference", ref), ("rmsnorm", rms))
+    }
+    assert saved["fused"] <= saved["rmsnorm"]
+    assert saved["fused"] < saved["reference"]
+    assert saved["fused"] <= x.nbytes + 4 * 64 * 4  # the input, plus a few float32 scalars per token
+
+
+def test_impl_is_validated() -> None:
+    with pytest.raises(ValueError, match="impl must be one of auto, reference, fused; got 'fast'"):
+        BHyT(8, 1.0, 10.0, 1e-6, impl="fast")
+    with pytest.raises(ValueError, match="impl must be one of"):
+        build_norm_scheme("bhyt", impl="triton")
+    with pytest.raises(ValueError, match="impl must be one of"):
+        build_norm_scheme("bhyt_exact", impl="")
+    scheme = BHyTScheme(impl="fused")
+    assert type(scheme)(**scheme.hparams()) == scheme
+    assert scheme.block_norms(8, 0, 2).mlp_in.impl == "fused"

@@ -1,12 +1,24 @@
-"""The eager RMSNorm autograd Function against the reference ops and a float64 formula written here."""
+"""``rmsnorm``: the eager RMSNorm autograd Function against the reference ops and a float64 formula written
+here, and the scheme's float64 reference for the shared per-scheme checks."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from reference_model import Case, SchemeReference, pre_ln_block, rms
 
 from bhyt_pl.norms import build_norm_scheme
 from bhyt_pl.norms.rmsnorm import RMSNorm, RMSNormFunction
+
+REFERENCES = {
+    "rmsnorm": SchemeReference(
+        block=lambda x, layer, li, model, args, attend: pre_ln_block(
+            x, layer, lambda z, site: rms(z, site.weight, args.get("eps", 1e-5)), attend
+        ),
+        final=lambda x, f, args: rms(x, f.weight, args.get("eps", 1e-5)),
+        cases=(Case(overrides={"qk_norm": "head"}), Case(overrides={"qk_norm": "full"})),
+    ),
+}
 
 
 def _formula(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:

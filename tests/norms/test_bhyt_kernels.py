@@ -1,4 +1,5 @@
-"""BHyTSiteFunction (BHyT's eager default) against the plain-ops reference and a formula in float64:
+"""BHyT's autograd kernels (``bhyt_pl/norms/bhyt_kernels.py``): the rational tanh within 1e-6 of ``torch.tanh``,
+and ``BHyTSiteFunction`` (BHyT's eager default) against the plain-ops reference and a formula in float64:
 values and gradients of x, gamma and lambda, site B's statistic and its stop-gradient, meanstd, the
 final norm and exact_layers, with row blocks that do not divide the tokens."""
 
@@ -10,9 +11,9 @@ import pytest
 import torch
 
 from bhyt_pl.bench.tanh import dense_grid, max_relative_error
-from bhyt_pl.norms import BHyT, build_norm_scheme
-from bhyt_pl.norms import bhyt as bhyt_module
-from bhyt_pl.norms.bhyt import BHyTSiteFunction, SiteStats
+from bhyt_pl.norms import BHyT, bhyt_kernels, build_norm_scheme
+from bhyt_pl.norms.bhyt import SiteStats
+from bhyt_pl.norms.bhyt_kernels import BHyTSiteFunction, rational_tanh
 
 KAPPA, EPS = 10.0, 1e-6
 
@@ -29,7 +30,26 @@ def formula(x, lam, gamma, spread=None, mean=None, stat="rms"):
 @pytest.fixture(autouse=True)
 def small_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     """Three rows of 16 per block: 7 tokens make two full blocks and a remainder."""
-    monkeypatch.setattr(bhyt_module, "SITE_BLOCK_ELEMENTS", 48)
+    monkeypatch.setattr(bhyt_kernels, "SITE_BLOCK_ELEMENTS", 48)
+
+
+def test_rational_tanh_relative_error_over_the_real_line() -> None:
+    grid = dense_grid()  # includes 0, +-1e-30 .. +-100, +-1e30 and +-inf
+    assert max_relative_error(rational_tanh, grid) < 1e-6
+    assert max_relative_error(rational_tanh, grid.bfloat16().float()) < 1e-6
+    assert rational_tanh(torch.tensor([0.0, 30.0, -30.0])).tolist() == [0.0, 1.0, -1.0]
+
+
+def test_rational_tanh_gradient_matches_torch_tanh() -> None:
+    z = torch.cat([torch.linspace(-12, 12, 200_001), torch.logspace(-20, 1, 2001)])
+    t = rational_tanh(z)
+    # the fused backward uses 1 - t^2 from the recomputed t, as torch's tanh_backward does
+    torch.testing.assert_close(1 - t * t, 1 - torch.tanh(z) ** 2, rtol=1e-5, atol=1e-6)
+
+
+def test_rational_tanh_is_exact_in_float64() -> None:
+    z = torch.randn(1000, dtype=torch.float64) * 5
+    assert torch.equal(rational_tanh(z), torch.tanh(z))
 
 
 def _leaf(*shape, scale=1.0, shift=0.0):
@@ -138,7 +158,7 @@ def test_float32_and_bfloat16_within_the_rational_tanh_of_the_reference() -> Non
 def test_in_place_rational_tanh_relative_error_over_the_real_line() -> None:
     def in_place(z: torch.Tensor) -> torch.Tensor:
         z = z.clone()
-        return bhyt_module._tanh_(z, tuple(torch.empty_like(z) for _ in range(3)))
+        return bhyt_kernels._tanh_(z, tuple(torch.empty_like(z) for _ in range(3)))
 
     grid = dense_grid()
     assert max_relative_error(in_place, grid) < 1e-6
