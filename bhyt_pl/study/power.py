@@ -35,7 +35,6 @@ import json
 import logging
 import math
 import os
-import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -402,16 +401,17 @@ class Plan:
         while writing leaves either no ``plan.json`` or a whole one."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        # a name of this process's own (not mkstemp's 0600 file): the plan gets the folder's usual permissions
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
-            with os.fdopen(fd, "w") as f:
+            with open(tmp, "w") as f:
                 json.dump(self.to_dict(), f, indent=1)
                 f.write("\n")
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
         except BaseException:
-            Path(tmp).unlink(missing_ok=True)
+            tmp.unlink(missing_ok=True)
             raise
         return path
 
@@ -451,13 +451,16 @@ class Plan:
                 lines.append(
                     f"| {c.name} | {'; '.join(c.components)} | {_count(c.seeds)} | {_num(c.joint_power)} | {status} |"
                 )
-        seeds = ", ".join(f"{g} {n}" for g, n in self.group_seeds.items()) or "none"
+        pilot = f"the pilot used {_indices(self.pilot_seed_indices)}"
+        if not self.group_seeds:
+            return "\n".join(lines + ["", f"No test is in the family: the confirmation trains nothing ({pilot})."])
+        seeds = ", ".join(f"{g} {n}" for g, n in self.group_seeds.items())
         override = f" (--seeds {self.seeds_override} overrides the plan's counts)" if self.seeds_override else ""
-        last = self.first_seed_index + max(self.group_seeds.values(), default=0) - 1
+        last = self.first_seed_index + max(self.group_seeds.values()) - 1
         lines += [
             "",
             f"Seeds per group{override}: {seeds}; {self.runs} runs, seed indices {self.first_seed_index}..{last} "
-            f"(the pilot used {_indices(self.pilot_seed_indices)}).",
+            f"({pilot}).",
         ]
         return "\n".join(lines)
 

@@ -254,6 +254,9 @@ def test_render_shows_every_row_and_the_runs() -> None:
     assert "| rmsnorm | median_magnitude | lower | 3 | -0.250 [-0.304, -0.196] | 0.050 | +0.196 | 0.106 |" in text
     assert "| lns |" in text and "infeasible" in text and "| lowest | rmsnorm; lns |" in text
     assert "bhyt 4, rmsnorm 4; 8 runs, seed indices 4..7 (the pilot used 0..3)" in text
+    nothing = make_plan([_candidate("lns", pilot=(-0.5, 0.1, -0.2))], pilot_seed_indices=PILOT_SEEDS)
+    assert nothing.family_size == 0 and nothing.runs == 0 and nothing.group_seeds == {}
+    assert "No test is in the family: the confirmation trains nothing (the pilot used 0..3)." in nothing.render()
 
 
 def test_bad_inputs_are_reported_at_once() -> None:
