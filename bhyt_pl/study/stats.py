@@ -6,25 +6,41 @@ the data order, so the claims compare schemes through the *paired* differences `
 seed-to-seed variation common to both cancels). With ``n`` pairs the 95 % interval is
 ``mean +- t_{0.975, n-1} * sd / sqrt(n)`` (``sd`` with ``n - 1`` degrees of freedom); fewer than two
 finite values give no interval.
+
+The confirmation stage (docs/method.md, section 10, "Confirmation") adds one-sided tests in a stated direction
+(``one_sided_p``), paper-level claims as intersection-union tests over their baselines (``intersection_union``)
+and geometric means of positive quantities with intervals back-transformed from the ln scale
+(``geometric_mean``, ``geometric_mean_ratio``), so that no interval on a magnitude or a variance goes below 0.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from scipy import stats as _scipy_stats
 
 __all__ = [
     "ALPHA",
+    "CONFIRMED",
     "DEPENDS",
+    "DIRECTIONS",
+    "NOT_CONFIRMED",
     "RULES",
+    "UNTESTED",
+    "GeometricMean",
     "Interval",
+    "IntersectionUnion",
     "combine",
+    "geometric_mean",
+    "geometric_mean_ratio",
     "holm",
+    "intersection_union",
     "interval",
     "label_from_p",
+    "one_sided_p",
+    "paired_ln_ratios",
     "rule_p_values",
     "seeds_needed",
     "paired_differences",
@@ -36,6 +52,9 @@ ALPHA = 0.05
 """Level of every test: a claim is reproduced when its p-value for the paper's side is below ``ALPHA``."""
 RULES = ("lower", "higher", "no_worse", "equivalent")
 """Verdict rules of a claim on ``d = target - baseline`` (docs/method.md, section 10)."""
+DIRECTIONS = ("lower", "higher")
+"""Sides of a one-sided test: the claim says ``d`` lies below (``lower``) or above (``higher``) a bound."""
+CONFIRMED, NOT_CONFIRMED, UNTESTED = "confirmed", "not confirmed", "untested"
 
 
 @dataclass(frozen=True)
@@ -176,3 +195,160 @@ def holm(p_values: Sequence[float]) -> list[float]:
         running = max(running, min(1.0, (m - rank) * p))
         adjusted[i] = running
     return adjusted
+
+
+def one_sided_p(diff: Interval, direction: str, bound: float = 0.0) -> float:
+    """p-value of the one-sided paired t-test of the claim ``mean d < bound`` (``lower``) or ``mean d > bound``
+    (``higher``), ``t = (mean - bound) / (sd / sqrt(n))`` with ``n - 1`` degrees of freedom: ``P(T <= t)`` for
+    ``lower``, ``P(T >= t)`` for ``higher``. NaN with fewer than 2 pairs.
+
+    The confirmation's verdicts are these one-sided p-values, declared before its runs (docs/method.md, section
+    10); the exploration's ``rule_p_values`` doubles them (a two-sided test split by side). ``bound`` is the
+    margin of a non-inferiority test (``lower`` against ``+margin``: "no worse").
+    """
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+    if not math.isfinite(bound):
+        raise ValueError(f"bound must be a finite number, got {bound!r}")
+    if not diff.defined:
+        return math.nan
+    if direction == "higher":
+        return _t_sf(diff.mean, diff.se, bound, diff.n)
+    return _t_sf(-diff.mean, diff.se, -bound, diff.n)
+
+
+@dataclass(frozen=True)
+class IntersectionUnion:
+    """An intersection-union test: the claim holds only if every component's claim does.
+
+    Args:
+        p: the largest component p-value (NaN when a component has none).
+        components: the component names, in the order given.
+        failing: the components whose p-value is not below ``alpha``.
+        missing: the components without a p-value (infeasible, dropped from the plan, or not run).
+        alpha: the level every component is read at.
+    """
+
+    p: float
+    components: tuple[str, ...]
+    failing: tuple[str, ...]
+    missing: tuple[str, ...]
+    alpha: float = ALPHA
+
+    @property
+    def confirmed(self) -> bool:
+        return not self.missing and not self.failing
+
+    @property
+    def verdict(self) -> str:
+        """``confirmed``; ``not confirmed`` when a component that was tested fails (whatever is missing: the
+        claim cannot hold); ``untested`` when every tested component passes but some component has no test."""
+        if self.failing:
+            return NOT_CONFIRMED
+        return UNTESTED if self.missing else CONFIRMED
+
+
+def intersection_union(p_values: Mapping[str, float | None], alpha: float = ALPHA) -> IntersectionUnion:
+    """Combine the components of a paper-level claim such as "BHyT has the lowest X" (one component per baseline).
+
+    The claim's null hypothesis is the union of the components' nulls (some baseline is not beaten), so the test
+    rejects it only when every component rejects its own, each at level ``alpha``; its p-value is the largest
+    component p-value (Berger 1982: no further multiplicity correction is needed for the claim itself). Pass the
+    p-values the components are judged by (Holm-adjusted ones when the components belong to a Holm family).
+    ``None`` or NaN marks a component without a test: the claim is then not confirmed and its p-value is NaN.
+    """
+    if not p_values:
+        raise ValueError("intersection_union needs at least one component p-value, got none")
+    missing = tuple(name for name, p in p_values.items() if p is None or not math.isfinite(p))
+    present = {name: float(p) for name, p in p_values.items() if name not in missing}
+    failing = tuple(name for name, p in present.items() if not p < alpha)
+    p = math.nan if missing else max(present.values())
+    return IntersectionUnion(p, tuple(p_values), failing, missing, alpha)
+
+
+@dataclass(frozen=True)
+class GeometricMean:
+    """Geometric mean of positive quantities with its t-interval, computed on the ln scale and back-transformed
+    (``exp``): the bounds are positive and multiplicative around the mean. ``ln`` holds the ln-scale interval."""
+
+    ln: Interval
+
+    @property
+    def n(self) -> int:
+        return self.ln.n
+
+    @property
+    def confidence(self) -> float:
+        return self.ln.confidence
+
+    @property
+    def defined(self) -> bool:
+        return self.ln.defined
+
+    @property
+    def mean(self) -> float:
+        return _exp(self.ln.mean)
+
+    @property
+    def low(self) -> float:
+        return _exp(self.ln.low)
+
+    @property
+    def high(self) -> float:
+        return _exp(self.ln.high)
+
+    @property
+    def minimum(self) -> float:
+        return _exp(self.ln.minimum)
+
+    @property
+    def maximum(self) -> float:
+        return _exp(self.ln.maximum)
+
+    def to_dict(self) -> dict[str, float | int]:
+        """The back-transformed values and the ln-scale mean and bounds (what a JSON record needs)."""
+        return {
+            "n": self.n,
+            "mean": self.mean,
+            "low": self.low,
+            "high": self.high,
+            "minimum": self.minimum,
+            "maximum": self.maximum,
+            "confidence": self.confidence,
+            "ln_mean": self.ln.mean,
+            "ln_low": self.ln.low,
+            "ln_high": self.ln.high,
+        }
+
+
+def _exp(x: float) -> float:
+    return math.exp(x) if math.isfinite(x) else math.nan
+
+
+def geometric_mean_ratio(ln_ratios: Sequence[float], confidence: float = 0.95) -> GeometricMean:
+    """The geometric mean of per-seed ratios ``a_s / b_s`` from their lns ``ln a_s - ln b_s``, with the
+    ``confidence`` t-interval of the mean ln back-transformed: the table beside a test on ln ratios shows the
+    number the test is about. A ratio of group means (``mean a / mean b``) answers another question and can
+    disagree with it, even in sign on the ln scale, when one seed dominates a group mean."""
+    return GeometricMean(interval(ln_ratios, confidence))
+
+
+def geometric_mean(values: Sequence[float], confidence: float = 0.95) -> GeometricMean:
+    """The geometric mean of a positive per-run statistic (a magnitude, a variance) over seeds, with its
+    back-transformed ``confidence`` t-interval, which never goes below 0 as an arithmetic interval over a few
+    seeds of a skewed statistic can. Non-finite values (a diverged run) are left out; a value <= 0 is an error."""
+    finite = [float(v) for v in values if v is not None and math.isfinite(v)]
+    bad = [v for v in finite if v <= 0]
+    if bad:
+        raise ValueError(f"geometric_mean needs positive values (a magnitude or a variance), got {bad}")
+    return GeometricMean(interval([math.log(v) for v in finite], confidence))
+
+
+def paired_ln_ratios(a: Mapping[int, float], b: Mapping[int, float]) -> list[float]:
+    """``ln(a[s] / b[s])`` for every seed both have with finite positive values (``paired_differences`` of the
+    lns), the per-seed scale of the tests on magnitudes and variances."""
+
+    def ln(values: Mapping[int, float]) -> dict[int, float]:
+        return {s: math.log(v) if v is not None and math.isfinite(v) and v > 0 else math.nan for s, v in values.items()}
+
+    return paired_differences(ln(a), ln(b))
