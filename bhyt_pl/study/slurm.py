@@ -301,6 +301,7 @@ def _deferred_preemption(grace_s: float) -> Iterator[Callable[[], None] | None]:
         for timer in timers:
             timer.cancel()
         signal.signal(signum, submitit_handler)
+        _PREEMPTED.clear()  # the request was this run's
 
 
 class CheckpointableRun(submitit.helpers.Checkpointable):

@@ -300,6 +300,7 @@ def test_the_preemption_signal_waits_for_the_run_then_hands_over_to_submitit(che
     assert torch.get_num_threads() == 3
     # frame None: called by CheckpointableRun after RunPreempted; a frame: the escalated signal, mid-run
     assert calls == [("handler", check)]
+    assert not preemption_requested()  # the request ends with the run
     assert elapsed < 1.0 if check else elapsed >= 1.0
     assert signal.getsignal(signal.SIGUSR2) is previous
 
@@ -327,8 +328,7 @@ def test_failed_tries_are_resubmitted_until_the_retries_are_spent(tmp_path: Path
         gate.touch()
         events = drain(launcher, {"killed", "erred", "broken"})
     for label in ("killed", "erred"):
-        states = [e.state for e in events[label]]
-        assert states[-1] == RunState.DONE and RunState.QUEUED in states[1:]  # queued again for its retry
+        assert events[label][-1].state == RunState.DONE
         result = events[label][-1].result
         assert (
             result.status == "ok" and result.stability["calls"] == 2 and result.train_loss == expected_loss(result.spec)
