@@ -1,0 +1,2 @@
+"""Test infrastructure for ``bhyt_pl.study.slurm``: a fake SLURM on PATH (``cluster``) and picklable run
+functions that jobs import (``jobs``); the jobs find this package through ``PYTHONPATH``."""

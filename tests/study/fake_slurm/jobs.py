@@ -1,0 +1,80 @@
+"""Cheap stand-ins for ``run_one`` that jobs run: picklable (imported by name in the job), a ``RunSpec`` in, a
+``RunResult`` out, in a fraction of a second plus the interpreter's start.
+
+``spec.overrides`` steers them (all optional): ``dir`` (a folder for their traces), ``gate`` (a file to wait
+for before finishing), ``fail_tries`` / ``error_tries`` (the first N calls raise / return status ``error``),
+``step_s`` (seconds per step of ``stepped_run``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from bhyt_pl.study.runner import RunResult, RunSpec
+from bhyt_pl.study.slurm import RunPreempted, preemption_requested
+
+
+def _call_number(spec: RunSpec) -> int:
+    """How many times this run was called so far, this call included (a file per label in ``dir``)."""
+    path = Path(spec.overrides["dir"]) / f"{spec.label}.calls"
+    calls = int(path.read_text()) + 1 if path.exists() else 1
+    path.write_text(str(calls))
+    return calls
+
+
+def _trace(spec: RunSpec, **facts: object) -> None:
+    with open(Path(spec.overrides["dir"]) / f"{spec.label}.trace", "a") as f:
+        f.write(json.dumps(facts) + "\n")
+
+
+def expected_loss(spec: RunSpec) -> float:
+    """The loss both run functions return: a closed form of the spec, independent of how the run was cut."""
+    return sum((step + 1) * spec.lr for step in range(spec.steps)) + spec.seed
+
+
+def quick_run(spec: RunSpec) -> RunResult:
+    """Finishes at once (after ``gate``, if given), and records where and how it ran."""
+    calls = _call_number(spec)
+    started = time.time()
+    _trace(spec, event="start", call=calls, pid=os.getpid(), time=started)
+    gate = spec.overrides.get("gate")
+    while gate and not Path(gate).exists():
+        time.sleep(0.05)
+    if calls <= spec.overrides.get("fail_tries", 0):
+        raise RuntimeError(f"{spec.label} fails on purpose (call {calls})")
+    status = "error" if calls <= spec.overrides.get("error_tries", 0) else "ok"
+    ended = time.time()
+    _trace(spec, event="end", call=calls, pid=os.getpid(), time=ended)
+    return RunResult(
+        spec=spec,
+        status=status,
+        error="ValueError: the run recorded an error" if status == "error" else None,
+        steps_done=spec.steps,
+        train_loss=expected_loss(spec),
+        stability={"threads": torch.get_num_threads(), "calls": calls, "started": started, "ended": ended},
+    )
+
+
+def stepped_run(spec: RunSpec) -> RunResult:
+    """A run of ``spec.steps`` steps that saves its progress after every step, resumes from it, and stops
+    (``RunPreempted``) at the end of a step once preemption is requested: the shape of a checkpointable run."""
+    folder = Path(spec.overrides["dir"])
+    progress = folder / f"{spec.label}.progress.json"
+    fresh = {"step": 0, "loss": float(spec.seed), "starts": []}
+    state = json.loads(progress.read_text()) if progress.exists() else fresh
+    state["starts"].append(state["step"])
+    for step in range(state["step"], spec.steps):
+        time.sleep(spec.overrides.get("step_s", 0.0))
+        state["step"], state["loss"] = step + 1, state["loss"] + (step + 1) * spec.lr
+        tmp = progress.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state))
+        tmp.replace(progress)
+        if preemption_requested():
+            raise RunPreempted
+    starts = {"starts": state["starts"]}
+    return RunResult(spec=spec, steps_done=state["step"], train_loss=state["loss"], stability=starts)

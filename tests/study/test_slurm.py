@@ -1,0 +1,456 @@
+"""``SubmititLauncher`` against a fake SLURM on PATH (tests/study/fake_slurm: ``sbatch`` runs the generated script
+here, ``sacct`` answers from the fake's state) and against submitit's local executor, with cheap run functions
+(``fake_slurm.jobs``) that jobs import by name. Tests marked ``slow`` start real job processes (each pays a
+Python and torch start); the others hold the fake's jobs in its queue (``FAKE_SLURM_HOLD``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+from fake_slurm.cluster import FakeSlurm
+from fake_slurm.jobs import expected_loss, quick_run, stepped_run
+
+from bhyt_pl.errors import UsageError
+from bhyt_pl.study.job_records import JobRecord, JobRecords
+from bhyt_pl.study.launcher import Launcher, RunEvent, RunState
+from bhyt_pl.study.runner import RunSpec
+from bhyt_pl.study.slurm import (
+    CheckpointableRun,
+    ClusterSettings,
+    RunPreempted,
+    SubmititLauncher,
+    preemption_requested,
+)
+
+HERE = Path(__file__).resolve().parent
+FINAL = (RunState.DONE, RunState.FAILED)
+
+
+@pytest.fixture
+def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeSlurm]:
+    """The fake SLURM on PATH; jobs find ``fake_slurm.jobs`` through PYTHONPATH. Its processes end with the test."""
+    cluster = FakeSlurm(tmp_path / "slurm")
+    for name, value in cluster.environment().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("FAKE_SLURM_PYTHON", sys.executable)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.delenv("FAKE_SLURM_HOLD", raising=False)
+    yield cluster
+    cluster.kill_all()
+
+
+@pytest.fixture
+def held(fake: FakeSlurm, monkeypatch: pytest.MonkeyPatch) -> FakeSlurm:
+    """The fake SLURM with every job held in its queue: nothing runs."""
+    monkeypatch.setenv("FAKE_SLURM_HOLD", "1")
+    return fake
+
+
+@pytest.fixture
+def local_jobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """For submitit's local executor: jobs import ``fake_slurm.jobs`` through PYTHONPATH."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
+    return tmp_path
+
+
+def settings(**changes) -> ClusterSettings:
+    """Settings with test timings: sacct every 0.2 s, a result waited on for 1 s, a job lost after 60 s."""
+    values = dict(timeout_min=10, poll_interval_s=0.2, result_wait_s=1.0, lost_after_s=60.0, signal_delay_s=30)
+    return ClusterSettings(**{**values, **changes})
+
+
+def spec(label: str, folder: Path, **overrides) -> RunSpec:
+    traces = folder / "traces"
+    traces.mkdir(exist_ok=True)
+    return RunSpec(label=label, norm="rmsnorm", steps=5, seed=len(label), overrides={"dir": str(traces), **overrides})
+
+
+def drain(launcher: SubmititLauncher, labels: set[str], timeout: float = 400.0) -> dict[str, list[RunEvent]]:
+    """Every event until each of ``labels`` is final: label -> its events in order."""
+    events: dict[str, list[RunEvent]] = {}
+    deadline = time.monotonic() + timeout
+    while any(not events.get(label) or events[label][-1].state not in FINAL for label in labels):
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"runs not final after {timeout} s: { {k: [e.state for e in v] for k, v in events.items()} }"
+            )
+        for event in launcher.poll(5.0):
+            events.setdefault(event.spec.label, []).append(event)
+    return events
+
+
+def records(folder: Path) -> list[tuple[str, str, str, int]]:
+    return [(r.event, r.label, r.job_id, r.attempt) for r in JobRecords(folder).read()]
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 240.0, what: str = "condition", every=None) -> None:
+    """Waits for ``condition``, calling ``every`` (e.g. a launcher's poll) or sleeping in between."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not met after {timeout} s")
+        every() if every else time.sleep(0.1)
+
+
+def fresh(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+# ----------------------------------------------------------------------------- settings
+def test_settings_name_every_bad_field_at_once() -> None:
+    with pytest.raises(ValueError, match="invalid cluster settings") as error:
+        ClusterSettings(cluster="pbs", timeout_min=0, cpus_per_task=0, retries=-1, lost_after_s=0, mem_gb=-2)
+    message = str(error.value)
+    for part in ("cluster must be one of slurm, local, got 'pbs'", "timeout_min must be an integer >= 1, got 0",
+                 "cpus_per_task", "retries", "lost_after_s", "mem_gb"):  # fmt: skip
+        assert part in message
+    with pytest.raises(ValueError, match=r"signal_delay_s \(120\) must be shorter than the time limit"):
+        ClusterSettings(timeout_min=2, signal_delay_s=120)
+    with pytest.raises(TypeError, match="setup must be a list of shell lines, got the string"):
+        ClusterSettings(setup="module load cuda")
+
+
+def test_a_study_name_that_is_no_job_name_is_refused(tmp_path: Path, held: FakeSlurm) -> None:
+    with pytest.raises(UsageError, match="study name 'my study' is not a job name"):
+        SubmititLauncher(settings(), tmp_path / "study", "my study", quick_run)
+
+
+def test_slurm_without_srun_on_path_names_the_local_alternative(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(UsageError, match="cluster 'local' runs here"):
+        SubmititLauncher(settings(), tmp_path / "study", "study", quick_run)
+
+
+# ----------------------------------------------------------------------------- the record
+def test_records_are_appended_durably_and_a_torn_last_line_is_dropped(tmp_path: Path) -> None:
+    store = JobRecords(tmp_path)
+    store.append([JobRecord("submitted", "a", "7_0", 1, 1.0, spec={"label": "a"}, array="7", throttle=2)])
+    store.append([JobRecord("failed", "a", "7_0", 1, 2.0, error="lost")])
+    with open(store.path, "a") as f:
+        f.write('{"event": "done", "lab')  # a driver killed mid-write
+    assert [(r.event, r.job_id, r.error) for r in store.read()] == [
+        ("submitted", "7_0", None),
+        ("failed", "7_0", "lost"),
+    ]
+    lines = store.path.read_text().splitlines()
+    store.path.write_text("\n".join([lines[0], "not json", lines[1]]) + "\n")
+    with pytest.raises(UsageError, match="jobs.jsonl, line 2: not a job record"):
+        store.read()
+
+
+def test_one_driver_per_study_folder(tmp_path: Path, held: FakeSlurm) -> None:
+    first = SubmititLauncher(settings(), tmp_path / "study", "study", quick_run)
+    with pytest.raises(UsageError, match=rf"another study driver \(pid {os.getpid()} on .*\) is using"):
+        SubmititLauncher(settings(), tmp_path / "study", "study", quick_run)
+    first.close()
+    SubmititLauncher(settings(), tmp_path / "study", "study", quick_run).close()  # free again
+
+
+# ----------------------------------------------------------------------------- submission, SLURM path
+def test_the_sbatch_script_holds_the_requested_resources(tmp_path: Path, held: FakeSlurm) -> None:
+    chosen = settings(
+        partition="gpu",
+        account="proj42",
+        qos="high",
+        timeout_min=90,
+        gpus_per_node=1,
+        cpus_per_task=4,
+        mem_gb=16,
+        additional_parameters={"constraint": "a100", "mail-type": "FAIL"},
+        setup=["module load cuda/12.4", "export NCCL_DEBUG=WARN"],
+        max_concurrent=2,
+        signal_delay_s=120,
+    )
+    specs = [spec(f"run{i}", tmp_path) for i in range(3)]
+    with SubmititLauncher(chosen, tmp_path / "study", "depth", quick_run) as launcher:
+        assert isinstance(launcher, Launcher)
+        launcher.start(specs)
+        (call,) = held.log("sbatch")
+        script = Path(call["script"]).read_text().splitlines()
+        for line in ("--partition=gpu", "--account=proj42", "--qos=high", "--time=90", "--gpus-per-node=1",
+                     "--cpus-per-task=4", "--mem=16GB", "--constraint=a100", "--mail-type=FAIL", "--array=0-2%2",
+                     "--job-name=depth", "--signal=USR2@120", "--nodes=1", "--ntasks-per-node=1"):  # fmt: skip
+            assert f"#SBATCH {line}" in script, line
+        srun = next(i for i, line in enumerate(script) if line.startswith("srun "))
+        assert script.index("module load cuda/12.4") < srun and script.index("export NCCL_DEBUG=WARN") < srun
+        # recorded before start returned: label, job id, try, spec
+        assert records(tmp_path / "study") == [("submitted", f"run{i}", f"1000_{i}", 1) for i in range(3)]
+        assert JobRecords(tmp_path / "study").read()[0].spec["label"] == "run0"
+        assert [(e.spec.label, e.state) for e in launcher.poll(0)] == [(f"run{i}", RunState.QUEUED) for i in range(3)]
+        assert sorted(launcher.cancel()) == ["1000_0", "1000_1", "1000_2"]
+        assert held.log("scancel") == [{"ids": [f"1000_{i}"], "signal": None} for i in range(3)]
+        assert {e.state for e in launcher.poll(0)} == {RunState.FAILED}
+        launcher.start(specs[:1])  # started again: reported again, not submitted again
+        assert [(e.spec.label, e.state) for e in launcher.poll(0)] == [("run0", RunState.FAILED)]
+        assert len(held.log("sbatch")) == 1
+    assert {t["state"] for t in held.tasks().values()} == {"CANCELLED"}
+
+
+def test_max_concurrent_caps_the_study_across_arrays(tmp_path: Path, held: FakeSlurm) -> None:
+    """SLURM throttles within one array (%N); a second array waits until the first leaves room under the cap."""
+    with SubmititLauncher(settings(max_concurrent=2, retries=0), tmp_path / "study", "s", quick_run) as launcher:
+        launcher.start([spec(x, tmp_path) for x in "abc"])
+        launcher.start([spec("d", tmp_path)])
+        assert [c["options"]["array"] for c in held.log("sbatch")] == ["0-2%2"]  # d is held by the launcher
+        held.end("1000_0")
+        drain(launcher, {"a"})
+        assert len(held.log("sbatch")) == 1  # b and c still fill both slots
+        held.end("1000_1")
+        drain(launcher, {"b"})
+        calls = held.log("sbatch")
+        assert len(calls) == 2 and "array" not in calls[1]["options"]  # d alone: a plain job beside c
+        assert records(tmp_path / "study")[-1] == ("submitted", "d", "1004", 1)
+
+
+def test_a_job_lost_without_accounting_is_cancelled_and_resubmitted(tmp_path: Path, held: FakeSlurm) -> None:
+    with SubmititLauncher(settings(lost_after_s=1.5), tmp_path / "study", "s", quick_run) as launcher:
+        launcher.start([spec("a", tmp_path)])
+        launcher.poll(3.0)
+        launcher.poll(3.0)  # pending in sacct for 3 s: waited for, not lost
+        assert records(tmp_path / "study") == [("submitted", "a", "1000", 1)]
+        held.forget("1000")
+        started = time.monotonic()
+        wait_until(lambda: len(held.log("sbatch")) == 2, 30, "resubmission", every=lambda: launcher.poll(0.5))
+        assert time.monotonic() - started >= 1.5
+        assert held.log("scancel") == [{"ids": ["1000"], "signal": None}]  # so it cannot come back beside its retry
+        assert records(tmp_path / "study") == [
+            ("submitted", "a", "1000", 1),
+            ("failed", "a", "1000", 1),
+            ("submitted", "a", "1002", 2),
+        ]
+        assert "lost: no accounting entry and no result for 1.5 s" in JobRecords(tmp_path / "study").read()[1].error
+
+
+def test_a_driver_killed_before_recording_its_job_adopts_it_on_restart(tmp_path: Path, held: FakeSlurm) -> None:
+    with SubmititLauncher(settings(), tmp_path / "study", "s", quick_run) as launcher:
+        launcher.start([spec("a", tmp_path), spec("b", tmp_path)])
+    (tmp_path / "study" / "jobs.jsonl").unlink()  # as if sbatch had answered and the driver died at once
+    with SubmititLauncher(settings(), tmp_path / "study", "s", quick_run) as launcher:
+        launcher.start([spec("a", tmp_path), spec("b", tmp_path)])
+        assert len(held.log("sbatch")) == 1
+        assert records(tmp_path / "study") == [("submitted", "a", "1000_0", 1), ("submitted", "b", "1000_1", 1)]
+
+
+def test_a_changed_spec_with_its_old_job_still_queued_is_refused(tmp_path: Path, held: FakeSlurm) -> None:
+    with SubmititLauncher(settings(), tmp_path / "study", "s", quick_run) as launcher:
+        launcher.start([spec("a", tmp_path)])
+    changed = replace(spec("a", tmp_path), lr=0.01)
+    with SubmititLauncher(settings(), tmp_path / "study", "s", quick_run) as launcher:
+        with pytest.raises(UsageError, match=r"run 'a' has job\(s\) 1000 .* with other settings, still queued"):
+            launcher.start([changed])
+    held.end("1000", "CANCELLED")
+    with SubmititLauncher(settings(), tmp_path / "study", "s", quick_run) as launcher:
+        launcher.start([changed])  # the old run is over: the new one starts at try 1
+        assert records(tmp_path / "study")[-1] == ("submitted", "a", "1002", 1)
+
+
+# ----------------------------------------------------------------------------- inside a job
+@pytest.fixture
+def torch_threads() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def _preempted_at(step: int, check: bool) -> Callable[[RunSpec], int]:
+    """A 4-second run that signals itself (submitit's USR2) at ``step``; with ``check`` it stops at that step's end."""
+
+    def run(spec: RunSpec) -> int:
+        for i in range(200):
+            if i == step:
+                os.kill(os.getpid(), signal.SIGUSR2)
+            time.sleep(0.02)
+            if check and preemption_requested():
+                raise RunPreempted
+        return torch.get_num_threads()
+
+    return run
+
+
+@pytest.mark.parametrize("check", [True, False], ids=["stops-at-step-end", "does-not-check"])
+def test_the_preemption_signal_waits_for_the_run_then_hands_over_to_submitit(check: bool, torch_threads) -> None:
+    """submitit's handler (here a stand-in that records where the run was) runs once: right after the run's
+    step when the run checks ``preemption_requested``, else after the grace period, wherever the run is."""
+    calls = []
+
+    def submitit_handler(signum, frame) -> None:
+        calls.append(("handler", frame is None))
+        raise SystemExit(-1)  # submitit requeues and exits
+
+    previous = signal.signal(signal.SIGUSR2, submitit_handler)
+    try:
+        job = CheckpointableRun(_preempted_at(5, check), cpus_per_task=3, grace_s=1.0)
+        started = time.monotonic()
+        with pytest.raises(SystemExit):
+            job(RunSpec(label="a", norm="rmsnorm"))
+        elapsed = time.monotonic() - started
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    assert torch.get_num_threads() == 3
+    # frame None: called by CheckpointableRun after RunPreempted; a frame: the escalated signal, mid-run
+    assert calls == [("handler", check)]
+    assert not preemption_requested()  # the request ends with the run
+    assert elapsed < 1.0 if check else elapsed >= 1.0
+    assert signal.getsignal(signal.SIGUSR2) is previous
+
+
+def test_outside_a_job_the_run_keeps_the_signal_alone(torch_threads, monkeypatch) -> None:
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "2")
+    assert CheckpointableRun(lambda spec: torch.get_num_threads(), cpus_per_task=5)(RunSpec("a", "rmsnorm")) == 2
+    assert signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL
+
+
+# ----------------------------------------------------------------------------- real jobs, fake SLURM
+@pytest.mark.slow
+def test_failed_tries_are_resubmitted_until_the_retries_are_spent(tmp_path: Path, fake: FakeSlurm) -> None:
+    """A job killed mid-run and a run whose result says ``error`` get a second try that succeeds; a run that
+    raises every time is reported FAILED after its two tries, naming both errors."""
+    gate = tmp_path / "gate"
+    killed, erred = spec("killed", tmp_path, gate=str(gate)), spec("erred", tmp_path, error_tries=1)
+    broken = spec("broken", tmp_path, fail_tries=9)
+    with SubmititLauncher(settings(retries=1, cpus_per_task=3), tmp_path / "study", "s", quick_run) as launcher:
+        launcher.start([killed, erred, broken])
+        fake.wait_for("1000_0", "RUNNING")
+        wait_until(lambda: (tmp_path / "traces" / "killed.calls").exists(), what="the run started")
+        fake.kill("1000_0")
+        gate.touch()
+        events = drain(launcher, {"killed", "erred", "broken"})
+    for label in ("killed", "erred"):
+        assert events[label][-1].state == RunState.DONE
+        result = events[label][-1].result
+        assert (
+            result.status == "ok" and result.stability["calls"] == 2 and result.train_loss == expected_loss(result.spec)
+        )
+        assert result.stability["threads"] == 3  # the job's CPUs per task
+    assert events["broken"][-1].state == RunState.FAILED and events["broken"][-1].result is None
+    error = events["broken"][-1].error
+    assert error.startswith("failed all 2 tries: try 1 (job 1000_2): RuntimeError: broken fails on purpose (call 1)")
+    assert "try 2 (job " in error and "(call 2)" in error
+    tries = {}
+    for event, label, _, attempt in records(tmp_path / "study"):
+        tries.setdefault(label, []).append(f"{event} {attempt}")
+    assert tries["killed"] == tries["erred"] == ["submitted 1", "failed 1", "submitted 2", "done 2"]
+    assert tries["broken"] == ["submitted 1", "failed 1", "submitted 2", "failed 2"]
+    failed = {r.label: r.error for r in JobRecords(tmp_path / "study").read() if r.event == "failed" and r.attempt == 1}
+    assert failed["killed"].startswith("the job ended (FAILED) without a result")
+    assert failed["erred"] == "the run ended with status error: ValueError: the run recorded an error"
+
+
+@pytest.mark.slow
+def test_a_restarted_driver_submits_nothing_queued_running_or_done(tmp_path: Path, fake: FakeSlurm) -> None:
+    gate = tmp_path / "gate"
+    specs = [spec("done", tmp_path), spec("running", tmp_path, gate=str(gate)), spec("queued", tmp_path)]
+    with SubmititLauncher(settings(max_concurrent=1), tmp_path / "study", "s", quick_run) as first:
+        first.start(specs)
+        assert drain(first, {"done"})["done"][-1].state == RunState.DONE
+        fake.wait_for("1000_1", "RUNNING")
+    # the first driver is gone; its jobs are not
+    with SubmititLauncher(settings(max_concurrent=1), tmp_path / "study", "s", quick_run) as second:
+        second.start(specs)
+        assert len(fake.log("sbatch")) == 1
+        states = {}
+        for event in second.poll(10.0):
+            states[event.spec.label] = event.state
+        assert states == {"done": RunState.DONE, "running": RunState.RUNNING, "queued": RunState.QUEUED}
+        gate.touch()
+        events = drain(second, {"running", "queued"})
+    assert all(events[label][-1].state == RunState.DONE for label in ("running", "queued"))
+    assert len(fake.log("sbatch")) == 1
+    assert [r for r in records(tmp_path / "study") if r[0] == "submitted"] == [
+        ("submitted", label, f"1000_{i}", 1) for i, label in enumerate(["done", "running", "queued"])
+    ]
+    assert [r[1] for r in records(tmp_path / "study") if r[0] == "done"] == ["done", "running", "queued"]
+
+
+@pytest.mark.slow
+def test_a_preempted_slurm_job_is_requeued_and_resumes_where_it_stopped(tmp_path: Path, fake: FakeSlurm) -> None:
+    """``scancel --signal USR2`` (what SLURM does before the time limit): the run stops at a step end, submitit
+    calls ``scontrol requeue``, and the same job runs again from the saved step, to the uninterrupted result."""
+    run = replace(spec("stepped", tmp_path, step_s=0.15), steps=40)
+    progress = tmp_path / "traces" / "stepped.progress.json"
+    with SubmititLauncher(settings(), tmp_path / "study", "s", stepped_run) as launcher:
+        launcher.start([run])
+        wait_until(lambda: progress.exists() and json.loads(progress.read_text())["step"] >= 3, what="step 3")
+        assert os.system("scancel 1000 --signal USR2") == 0
+        events = drain(launcher, {"stepped"})
+    result = events["stepped"][-1].result
+    reference = stepped_run(replace(run, overrides={"dir": str(fresh(tmp_path / "reference"))}))
+    assert result.train_loss == reference.train_loss and result.steps_done == 40
+    starts = result.stability["starts"]
+    assert len(starts) == 2 and starts[0] == 0 and 3 <= starts[1] < 40
+    assert fake.log("scontrol") == [{"args": ["requeue", "1000"]}]
+    assert fake.tasks()["1000"]["restarts"] == 1 and len(fake.log("sbatch")) == 1
+    assert records(tmp_path / "study") == [("submitted", "stepped", "1000", 1), ("done", "stepped", "1000", 1)]
+
+
+# ----------------------------------------------------------------------------- real jobs, submitit's local executor
+@pytest.mark.slow
+def test_the_local_executor_runs_each_run_as_a_job_throttled(local_jobs: Path) -> None:
+    """Two runs with ``max_concurrent=1`` (submitit's local executor starts every job of an array at once), the
+    driver replaced while the first runs: one job at a time, the first re-attached (not run twice), each with
+    torch's threads at the CPUs per task, with the results of the run function called directly."""
+    tmp_path, gate = local_jobs, local_jobs / "gate"
+    specs = [spec("first", tmp_path, gate=str(gate)), spec("second", tmp_path)]
+    chosen = settings(cluster="local", max_concurrent=1, timeout_min=10, cpus_per_task=3)
+    with SubmititLauncher(chosen, tmp_path / "study", "s", quick_run) as first:
+        first.start(specs)
+        wait_until(lambda: (tmp_path / "traces" / "first.calls").exists(), what="the first run started")
+        assert [r[1] for r in records(tmp_path / "study")] == ["first"]  # the second waits for a free slot
+    with SubmititLauncher(chosen, tmp_path / "study", "s", quick_run) as second:
+        try:
+            second.start(specs)
+            states = {e.spec.label: e.state for e in second.poll(10.0)}
+            assert states == {"first": RunState.RUNNING, "second": RunState.QUEUED}
+            gate.touch()
+            events = drain(second, {"first", "second"})
+        finally:
+            second.cancel()
+    results = [events[s.label][-1].result for s in specs]
+    assert [r.status for r in results] == ["ok", "ok"] and [r.stability["threads"] for r in results] == [3, 3]
+    assert [r.stability["calls"] for r in results] == [1, 1]
+    assert results[0].stability["ended"] <= results[1].stability["started"]  # one after the other
+    direct = [quick_run(replace(s, overrides={"dir": str(fresh(tmp_path / "direct"))})) for s in specs]
+    assert [(r.status, r.steps_done, r.train_loss) for r in results] == [
+        (r.status, r.steps_done, r.train_loss) for r in direct
+    ]
+    jobs = [r[2] for r in records(tmp_path / "study") if r[0] == "submitted"]
+    assert len(jobs) == 2 and all(job.isdigit() for job in jobs)  # local jobs are processes
+
+
+@pytest.mark.slow
+def test_a_preempted_local_job_resumes_from_its_checkpoint_with_the_same_result(local_jobs: Path) -> None:
+    """As submitit's own tests interrupt a local job: USR2 to the job's process. submitit's controller
+    restarts the requeued task in the same job; the run resumes from its saved step."""
+    tmp_path = local_jobs
+    run = replace(spec("stepped", tmp_path, step_s=0.15), steps=40)
+    progress = tmp_path / "traces" / "stepped.progress.json"
+    chosen = settings(cluster="local", timeout_min=10)
+    with SubmititLauncher(chosen, tmp_path / "study", "s", stepped_run) as launcher:
+        try:
+            launcher.start([run])
+            wait_until(lambda: progress.exists() and json.loads(progress.read_text())["step"] >= 3, what="step 3")
+            (job,) = [r[2] for r in records(tmp_path / "study")]
+            (task,) = psutil.Process(int(job)).children()  # submitit's controller runs the task
+            task.send_signal(signal.SIGUSR2)
+            events = drain(launcher, {"stepped"})
+        finally:
+            launcher.cancel()
+    assert [e.state for e in events["stepped"]][-1] == RunState.DONE
+    result = events["stepped"][-1].result
+    reference = stepped_run(replace(run, overrides={"dir": str(fresh(tmp_path / "reference"))}))
+    assert result.train_loss == reference.train_loss and result.steps_done == 40
+    starts = result.stability["starts"]
+    assert len(starts) == 2 and starts[0] == 0 and 3 <= starts[1] < 40
+    assert records(tmp_path / "study") == [("submitted", "stepped", job, 1), ("done", "stepped", job, 1)]
