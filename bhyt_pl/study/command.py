@@ -281,6 +281,14 @@ def parser() -> argparse.ArgumentParser:
     hw.add_argument("--progress-bar", action="store_true", help="show Lightning's progress bar")
     p.add_argument("--out", type=Path, default=None, help="report folder; default runs/study[-sweep][-quick]")
     p.add_argument("--restart", action="store_true", help="retrain every run (default: resume, reusing finished runs)")
+    p.add_argument(
+        "--report-from",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="rebuild DIR/report.md and its figures from DIR/results.json alone (no training, no run folders); "
+        "every other option is ignored",
+    )
     for flag in REMOVED_FLAGS:
         p.add_argument(flag, action=_Removed, help=argparse.SUPPRESS)
     return p
@@ -512,6 +520,42 @@ class StudyDesign:
     matched_lrs: tuple[float, ...] = ()
     matched_note: str = ""
 
+    def to_dict(self) -> dict[str, Any]:
+        """The design as ``results.json`` records it; runs are named by their labels."""
+        return {
+            "matched_lrs": list(self.matched_lrs),
+            "matched_note": self.matched_note,
+            "selections": {
+                g: {
+                    "candidate": s.candidate,
+                    "lr": s.lr if s.chosen is not None else None,
+                    "run": s.chosen.spec.label if s.chosen is not None else None,
+                    "budget": s.budget,
+                    "selection_runs": [r.spec.label for r in s.runs],
+                    "extensions": list(s.extensions),
+                    "edge": s.edge,
+                }
+                for g, s in self.selections.items()
+            },
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], runs: dict[str, RunResult]) -> StudyDesign:
+        """The design ``to_dict`` wrote, its runs taken from ``runs`` (by label)."""
+        selections = {}
+        for group, s in data["selections"].items():
+            missing = [label for label in [s["run"], *s["selection_runs"]] if label is not None and label not in runs]
+            if missing:
+                raise ValueError(f"design: group {group!r} names runs that are not in the results: {missing}")
+            selections[group] = Selection(
+                group,
+                runs[s["run"]] if s["run"] is not None else None,
+                tuple(runs[label] for label in s["selection_runs"]),
+                tuple(float(lr) for lr in s["extensions"]),
+                s["edge"],
+            )
+        return cls(selections, tuple(float(lr) for lr in data["matched_lrs"]), data["matched_note"])
+
 
 def run_depth_study(
     groups: Sequence[SchemeGroup],
@@ -609,6 +653,14 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # argparse already printed the message
         return int(exc.code or 0)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.report_from is not None:
+        try:
+            paths = report_from(args.report_from)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        log.info("report rebuilt from %s: %s", paths["results"], paths["report"])
+        return 0
     try:
         budget, overrides = resolve(args)
         groups = [parse_group(s) for s in args.schemes]
@@ -736,6 +788,21 @@ def main(argv: list[str] | None = None) -> int:
             paths = report.write_report(out, results, meta, groups, design, args.sweep)
             log.info("study finished in %.0f s; report: %s", meta["wall_seconds"], paths["report"])
     return 1 if any(r.status == "error" for r in results) else 0
+
+
+def report_from(folder: Path, figures: bool = True) -> dict[str, Path]:
+    """``report.md`` and (``figures``) the figures of a finished study, rebuilt from ``folder/results.json`` alone."""
+    path = folder / "results.json"
+    try:
+        document = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--report-from {str(folder)!r}: cannot read {path}: {exc}") from exc
+    meta = document["meta"]
+    results = [RunResult.from_dict(r) for r in document["runs"]]
+    groups = [parse_group(label) for label in meta["schemes"]]
+    sweep = "design" not in document
+    design = StudyDesign({}) if sweep else StudyDesign.from_dict(document["design"], {r.spec.label: r for r in results})
+    return report.write_report(folder, results, meta, groups, design, sweep, figures=figures, record=False)
 
 
 def _run(

@@ -1022,24 +1022,6 @@ def claim_design(design: Any, meta: dict[str, Any]) -> Design:
     )
 
 
-def design_dict(design: Any) -> dict[str, Any]:
-    return {
-        "matched_lrs": list(design.matched_lrs),
-        "matched_note": design.matched_note,
-        "selections": {
-            g: {
-                "candidate": s.candidate,
-                "lr": s.lr if s.chosen is not None else None,
-                "run": s.chosen.spec.label if s.chosen is not None else None,
-                "budget": s.budget,
-                "selection_runs": [r.spec.label for r in s.runs],
-                "extensions": list(s.extensions),
-                "edge": s.edge,
-            }
-            for g, s in design.selections.items()
-        },
-    }
-
 
 def margins_lines(items: Sequence[ClaimResult]) -> list[str]:
     margins = sorted({(c.spec.metric, c.spec.margin_value) for c in items if c.spec.margin_value is not None})
@@ -1057,9 +1039,10 @@ def write_report(
     design: Any,
     sweep: bool,
     figures: bool = True,
+    record: bool = True,
 ) -> dict[str, Path]:
-    """``results.json`` (every run, the design, every claim with its tests and run labels), ``report.md`` and
-    (``figures``) the PNGs under ``out``."""
+    """``results.json`` (every run, the design, every claim with its tests and run labels; not when ``record`` is
+    False), ``report.md`` and (``figures``) the PNGs under ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     paths = {"results": out / "results.json", "report": out / "report.md"}
     document: dict[str, Any] = {"meta": meta}
@@ -1068,11 +1051,12 @@ def write_report(
     roles = meta.get("roles", {})
     if not sweep:
         items, skipped = evaluate(results, claim_design(design, meta), roles)
-        document["design"] = design_dict(design)
+        document["design"] = design.to_dict()
         document["claims"] = [c.to_dict() for c in items]
         document["claims_not_tested"] = [f"{c.statement}: {c.target} vs {c.baseline}" for c in skipped]
     document["runs"] = [r.to_dict() for r in results]
-    paths["results"].write_text(json.dumps(document, indent=1, default=str))
+    if record:
+        paths["results"].write_text(json.dumps(document, indent=1, default=str))
     max_loss = float(meta["max_loss"])
     title = (
         f"{meta['preset']} ({meta['n_layers_label']} layers), {meta['steps']} steps of {meta['tokens_per_step']} tokens"

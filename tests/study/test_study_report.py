@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from pathlib import Path
 from types import SimpleNamespace
 
 from bhyt_pl.study.command import StudyDesign
@@ -79,3 +80,20 @@ def test_depth_figures_read_every_group_at_the_highest_matched_rate() -> None:
     unmatched = StudyDesign(selections)
     assert [r.spec.lr for r in depth_runs(results, unmatched, "bhyt")] == [1e-2] * 3  # the best rate
     assert depth_runs(results, matched, "bhyt_exact") == []  # no selection yet
+
+
+def test_report_from_rebuilds_the_committed_report_byte_for_byte(tmp_path) -> None:
+    import json
+    import shutil
+
+    from bhyt_pl.study.command import StudyDesign, report_from
+    from bhyt_pl.study.runner import RunResult
+
+    committed = Path(__file__).resolve().parents[2] / "docs" / "depth_study"
+    shutil.copy(committed / "results.json", tmp_path / "results.json")
+    report_from(tmp_path, figures=False)
+    assert (tmp_path / "report.md").read_text() == (committed / "report.md").read_text()
+    assert (tmp_path / "results.json").read_bytes() == (committed / "results.json").read_bytes()  # read, not written
+    document = json.loads((committed / "results.json").read_text())
+    runs = {r["spec"]["label"]: RunResult.from_dict(r) for r in document["runs"]}
+    assert StudyDesign.from_dict(document["design"], runs).to_dict() == document["design"]
