@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bhyt_pl.study import stats
+from bhyt_pl.study.design import StudyDesign, StudyRuns
 from bhyt_pl.study.metrics import METRICS, snapshots, value
 from bhyt_pl.study.runner import RunResult
 
@@ -34,7 +35,6 @@ __all__ = [
     "MARGINS",
     "ClaimResult",
     "ClaimSpec",
-    "Design",
     "Test",
     "evaluate",
 ]
@@ -194,23 +194,6 @@ OUTSIDE = "outside the theorem"
 BOUND_NOTE = " (trained last layer vs a bound stated at initialisation)"
 
 
-@dataclass(frozen=True)
-class Design:
-    """What the protocol chose, as the claims need it.
-
-    Args:
-        best: group -> its best learning rate.
-        candidate: group -> its kept candidate (``RunSpec.candidate``).
-        matched_lrs: the matched rates.
-        tokens_per_step: training tokens per optimizer step (the x axis of claims over training).
-    """
-
-    best: Mapping[str, float]
-    candidate: Mapping[str, str]
-    matched_lrs: tuple[float, ...]
-    tokens_per_step: int = 0
-
-
 @dataclass
 class Test:
     """One claim at one rate (best arm: one test; matched arm: one per matched rate)."""
@@ -289,16 +272,6 @@ class ClaimResult:
         }
 
 
-def evaluation_runs(results: Sequence[RunResult], group: str, candidate: str, lr: float) -> list[RunResult]:
-    """The evaluation-seed runs (seed index >= 1) of ``group``'s kept candidate at ``lr``, by seed index."""
-    runs = [
-        r
-        for r in results
-        if r.spec.group == group and r.spec.candidate == candidate and r.spec.lr == lr and r.spec.seed_index >= 1
-    ]
-    return sorted(runs, key=lambda r: r.spec.seed_index)
-
-
 def _test(spec: ClaimSpec, rate: str, lrs: tuple[float, float], a: list[RunResult], b: list[RunResult], tps: int):
     margin = spec.margin_value or 0.0
     values = stats.paired_differences(
@@ -347,38 +320,39 @@ def _test(spec: ClaimSpec, rate: str, lrs: tuple[float, float], a: list[RunResul
 
 
 def evaluate(
-    results: Sequence[RunResult],
-    design: Design,
+    runs: StudyRuns | Sequence[RunResult],
+    design: StudyDesign,
     roles: Mapping[str, str],
     claims: Sequence[ClaimSpec] = CLAIMS,
+    tokens_per_step: int = 0,
 ) -> tuple[list[ClaimResult], list[ClaimSpec]]:
     """Every claim whose two roles map to groups with a kept candidate: its tests at each rate of its arm, the
     per-test and combined verdicts, and the Holm-adjusted verdicts over the tests of every claim whose condition
-    holds. Returns the evaluated claims and the claims left out (a role without a group)."""
+    holds. Returns the evaluated claims and the claims left out (a role without a group). ``tokens_per_step``
+    is the x axis of claims over training."""
+    runs = runs if isinstance(runs, StudyRuns) else StudyRuns(runs)
     out: list[ClaimResult] = []
     skipped: list[ClaimSpec] = []
     for spec in claims:
         target, baseline = roles.get(spec.target), roles.get(spec.baseline)
-        if target not in design.best or baseline not in design.best:
+        kept_target = design.kept(target) if target is not None else None
+        kept_baseline = design.kept(baseline) if baseline is not None else None
+        if kept_target is None or kept_baseline is None:
             skipped.append(spec)
             continue
         if spec.arm == "best":
-            rates = [("best", (design.best[target], design.best[baseline]))]
+            rates = [("best", (kept_target.lr, kept_baseline.lr))]
         else:
             rates = [(f"{lr:g}", (lr, lr)) for lr in design.matched_lrs]
         tests = []
         for rate, (la, lb) in rates:
-            a = evaluation_runs(results, target, design.candidate[target], la)
-            b = evaluation_runs(results, baseline, design.candidate[baseline], lb)
-            tests.append(_test(spec, rate, (la, lb), a, b, design.tokens_per_step))
+            a = design.evaluation_runs(runs, target, la)
+            b = design.evaluation_runs(runs, baseline, lb)
+            tests.append(_test(spec, rate, (la, lb), a, b, tokens_per_step))
         result = ClaimResult(spec, target, baseline, tests)
         if spec.condition is not None:
-            runs = [
-                r
-                for la, _ in (t.lrs for t in tests)
-                for r in evaluation_runs(results, target, design.candidate[target], la)
-            ]
-            holds, result.condition = CONDITIONS[spec.condition](runs)
+            condition_runs = [r for la, _ in (t.lrs for t in tests) for r in design.evaluation_runs(runs, target, la)]
+            holds, result.condition = CONDITIONS[spec.condition](condition_runs)
             result.applies = holds is True
         out.append(result)
     family = [t for c in out if c.applies for t in c.tests]

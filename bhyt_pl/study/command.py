@@ -41,17 +41,9 @@ import torch
 
 from bhyt_pl.config import PRESETS, LlamaConfig
 from bhyt_pl.study import report
-from bhyt_pl.study.plan import (
-    SchemeGroup,
-    Selection,
-    check_disjoint,
-    default_matched_lrs,
-    evaluation_specs,
-    parse_group,
-    select,
-    selection_specs,
-    sweep_specs,
-)
+from bhyt_pl.study.design import StudyDesign, check_disjoint, parse_group
+from bhyt_pl.study.plan import default_matched_lrs, evaluation_specs, select, selection_specs, sweep_specs
+from bhyt_pl.study.results import StudyRecord, load
 from bhyt_pl.study.runner import RunResult, RunSpec, TrainerSettings, run_dirname, run_one
 from bhyt_pl.validation import raise_if_problems
 
@@ -511,71 +503,22 @@ def progress_line(done: int, total: int, elapsed: float, reused: int = 0, final:
     return line
 
 
-@dataclass
-class StudyDesign:
-    """What the protocol decided: each group's selection (kept candidate, rate, budget, edge flag) and the
-    matched rates (``matched_note`` says how they were set)."""
-
-    selections: dict[str, Selection]
-    matched_lrs: tuple[float, ...] = ()
-    matched_note: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        """The design as ``results.json`` records it; runs are named by their labels."""
-        return {
-            "matched_lrs": list(self.matched_lrs),
-            "matched_note": self.matched_note,
-            "selections": {
-                g: {
-                    "candidate": s.candidate,
-                    "lr": s.lr if s.chosen is not None else None,
-                    "run": s.chosen.spec.label if s.chosen is not None else None,
-                    "budget": s.budget,
-                    "selection_runs": [r.spec.label for r in s.runs],
-                    "extensions": list(s.extensions),
-                    "edge": s.edge,
-                }
-                for g, s in self.selections.items()
-            },
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], runs: dict[str, RunResult]) -> StudyDesign:
-        """The design ``to_dict`` wrote, its runs taken from ``runs`` (by label)."""
-        selections = {}
-        for group, s in data["selections"].items():
-            missing = [label for label in [s["run"], *s["selection_runs"]] if label is not None and label not in runs]
-            if missing:
-                raise ValueError(f"design: group {group!r} names runs that are not in the results: {missing}")
-            selections[group] = Selection(
-                group,
-                runs[s["run"]] if s["run"] is not None else None,
-                tuple(runs[label] for label in s["selection_runs"]),
-                tuple(float(lr) for lr in s["extensions"]),
-                s["edge"],
-            )
-        return cls(selections, tuple(float(lr) for lr in data["matched_lrs"]), data["matched_note"])
-
-
 def run_depth_study(
-    groups: Sequence[SchemeGroup],
-    lrs: Sequence[float],
-    n_seeds: int,
+    design: StudyDesign,
     base: RunSpec,
     scheduler: Scheduler,
     on_result: Callable[[RunResult], None] = lambda r: None,
-    extensions: int = 1,
     matched_lrs: Sequence[float] | None = None,
-    design: StudyDesign | None = None,
-) -> tuple[list[RunResult], StudyDesign]:
-    """Protocol v3 (``bhyt_pl.study.plan``): selection runs on the selection seed, a group's extension runs as
-    soon as its selection finds its best rate at an edge, its best-rate evaluation seeds as soon as its
-    selection is complete, and the matched arm once every group's is (runs of both arms train once)."""
+) -> list[RunResult]:
+    """Protocol v3 (``bhyt_pl.study.plan``) over ``design``'s groups, grid and seeds: selection runs on the
+    selection seed, a group's extension runs as soon as its selection finds its best rate at an edge, its
+    best-rate evaluation seeds as soon as its selection is complete, and the matched arm (``matched_lrs``, else
+    the default rule) once every group's is (runs of both arms train once). ``design``'s selections and matched
+    rates are filled in place, so a report written meanwhile sees them."""
+    groups, lrs = design.groups, design.lrs
     check_disjoint(groups)  # a candidate in two groups would share run labels and one group would never finish
-    by_group = {g.label: g for g in groups}
     pending: dict[str, set[str]] = {}
     selection_runs: dict[str, list[RunResult]] = {g.label: [] for g in groups}
-    design = StudyDesign({}) if design is None else design  # filled in place: reports written meanwhile see it
     by_label: dict[str, RunResult] = {}
 
     for g in groups:
@@ -590,13 +533,13 @@ def run_depth_study(
         pending[group].discard(result.spec.label)
         if pending[group]:
             continue
-        step = select(by_group[group], selection_runs[group], lrs, extensions, base)
+        step = select(design.group(group), selection_runs[group], lrs, design.extensions, base)
         if isinstance(step, RunSpec):  # the best rate sits at an edge: one more grid step for its candidate
             pending[group] = {s.label for s in scheduler.submit([step])}
             continue
         design.selections[group] = step
-        scheduler.submit(evaluation_specs(by_group[group], step, (), n_seeds, base))
-        if len(design.selections) == len(groups):  # every group selected: the matched arm
+        scheduler.submit(evaluation_specs(design.group(group), step, (), design.n_seeds, base))
+        if design.complete:  # every group selected: the matched arm
             ordered = [design.selections[g.label] for g in groups]
             if matched_lrs is not None:
                 design.matched_lrs = tuple(sorted(matched_lrs))
@@ -608,13 +551,13 @@ def run_depth_study(
                     + ("" if len(design.matched_lrs) == 2 else f" (only {len(design.matched_lrs)} qualified)")
                 )
             for g in groups:
-                scheduler.submit(evaluation_specs(g, design.selections[g.label], design.matched_lrs, n_seeds, base))
+                specs = evaluation_specs(g, design.selections[g.label], design.matched_lrs, design.n_seeds, base)
+                scheduler.submit(specs)
     group_order = {g.label: i for i, g in enumerate(groups)}
-    results = sorted(
+    return sorted(
         by_label.values(),
         key=lambda r: (group_order[r.spec.group], r.spec.seed_index, r.spec.candidate, r.spec.lr),
     )
-    return results, design
 
 
 def base_spec(args: argparse.Namespace, budget: Budget, overrides: dict[str, Any]) -> RunSpec:
@@ -737,14 +680,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     scheduler = Scheduler(executor, run, out, resume=not args.restart)
     results: list[RunResult] = []
-    design = StudyDesign({})
+    design = None if args.sweep else StudyDesign(tuple(groups), budget.lrs, budget.seeds, budget.extensions)
+    record = StudyRecord(meta, results, design)
 
-    def record(result: RunResult) -> None:
+    def on_result(result: RunResult) -> None:
         results.append(result)
         elapsed = time.perf_counter() - started
         # v3 plans as it goes (extensions, then the matched arm once every group is selected): the count is
         # final for a sweep, and for the study once every group's selection is done
-        final = args.sweep or len(design.selections) == len(groups)
+        final = design is None or design.complete
         log.info(progress_line(len(results), scheduler.submitted, elapsed, len(scheduler.reused), final))
         log.info(
             "  %s: %s, train loss %.4f, val loss %.4f, %.0f s",
@@ -756,7 +700,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         meta["wall_seconds"] = round(time.perf_counter() - started, 1)
         if rank_zero_only.rank == 0:  # tables after every run: an interrupted study keeps what it measured
-            report.write_report(out, results, meta, groups, design, args.sweep, figures=False)
+            report.write_report(out, record, figures=False)
 
     try:
         with executor:
@@ -764,45 +708,29 @@ def main(argv: list[str] | None = None) -> int:
                 specs = sweep_specs(groups, budget.depths, budget.lrs, budget.seeds, base)
                 scheduler.submit(specs)
                 for result in scheduler.finished():
-                    record(result)
+                    on_result(result)
                 order = {spec.label: i for i, spec in enumerate(specs)}
                 results.sort(key=lambda r: order[r.spec.label])
             else:
-                done, _ = run_depth_study(
-                    groups,
-                    budget.lrs,
-                    budget.seeds,
-                    base,
-                    scheduler,
-                    record,
-                    extensions=budget.extensions,
-                    matched_lrs=args.matched_lrs,
-                    design=design,
-                )
-                results[:] = done
+                results[:] = run_depth_study(design, base, scheduler, on_result, matched_lrs=args.matched_lrs)
     finally:  # figures once, at the end or on an interrupt, for the runs that finished
         meta["wall_seconds"] = round(time.perf_counter() - started, 1)
         meta["runs_reused"] = len(scheduler.reused)
         meta["loadavg_at_end"] = _loadavg()
         if rank_zero_only.rank == 0 and results:
-            paths = report.write_report(out, results, meta, groups, design, args.sweep)
+            paths = report.write_report(out, record)
             log.info("study finished in %.0f s; report: %s", meta["wall_seconds"], paths["report"])
     return 1 if any(r.status == "error" for r in results) else 0
 
 
 def report_from(folder: Path, figures: bool = True) -> dict[str, Path]:
-    """``report.md`` and (``figures``) the figures of a finished study, rebuilt from ``folder/results.json`` alone."""
-    path = folder / "results.json"
+    """``report.md`` and (``figures``) the figures of a finished study, rebuilt from ``folder/results.json`` alone
+    (which is read, not written)."""
     try:
-        document = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"--report-from {str(folder)!r}: cannot read {path}: {exc}") from exc
-    meta = document["meta"]
-    results = [RunResult.from_dict(r) for r in document["runs"]]
-    groups = [parse_group(label) for label in meta["schemes"]]
-    sweep = "design" not in document
-    design = StudyDesign({}) if sweep else StudyDesign.from_dict(document["design"], {r.spec.label: r for r in results})
-    return report.write_report(folder, results, meta, groups, design, sweep, figures=figures, record=False)
+        record = load(folder)
+    except ValueError as exc:
+        raise ValueError(f"--report-from {str(folder)!r}: {exc}") from exc
+    return report.write_report(folder, record, figures=figures, save=False)
 
 
 def _run(

@@ -17,11 +17,13 @@ from typing import Any
 
 from bhyt_pl.callbacks.layer_metrics import layer_series, split_layer_key
 from bhyt_pl.study import stats
-from bhyt_pl.study.claims import MARGINS, ClaimResult, Design, evaluate, evaluation_runs
+from bhyt_pl.study.claims import MARGINS, ClaimResult, ClaimSpec, evaluate
+from bhyt_pl.study.design import RunKey, SchemeGroup, StudyDesign, StudyRuns, rate_key
 from bhyt_pl.study.metrics import LOG_METRICS, final_snapshot
 from bhyt_pl.study.metrics import METRICS as CLAIM_METRICS
 from bhyt_pl.study.metrics import value as ln_value
 from bhyt_pl.study.plan import SELECTION_SEED
+from bhyt_pl.study.results import StudyRecord
 from bhyt_pl.study.runner import RunResult
 
 __all__ = [
@@ -275,27 +277,18 @@ def _ci(iv: stats.Interval, digits: int = 3) -> str:
 
 
 # ----------------------------------------------------------------------------- groups at their best rate
-def runs_at(results: Sequence[RunResult], design: Any, group: str, lr: float | None = None) -> list[RunResult]:
-    """The evaluation-seed runs of ``group``'s kept candidate at ``lr`` (default: its best rate); empty before
-    its selection."""
-    s = design.selections.get(group)
-    if s is None or s.chosen is None:
-        return []
-    return evaluation_runs(results, group, s.candidate, s.lr if lr is None else lr)
-
-
-def best_runs(results: Sequence[RunResult], design: Any, group: str) -> list[RunResult]:
+def best_runs(runs: StudyRuns, design: StudyDesign, group: str) -> list[RunResult]:
     """The evaluation-seed runs of ``group``'s kept candidate at its best rate (empty before its selection)."""
-    return runs_at(results, design, group)
+    return design.evaluation_runs(runs, group)
 
 
-def depth_runs(results: Sequence[RunResult], design: Any, group: str) -> list[RunResult]:
+def depth_runs(runs: StudyRuns, design: StudyDesign, group: str) -> list[RunResult]:
     """The runs a depth figure shows for ``group``: at the highest matched rate when there is one (depth statistics
     grow with the learning rate, so profiles at different rates would compare the rates), else at its best rate."""
-    return runs_at(results, design, group, max(design.matched_lrs) if design.matched_lrs else None)
+    return design.evaluation_runs(runs, group, design.depth_lr)
 
 
-def depth_runs_words(design: Any) -> str:
+def depth_runs_words(design: StudyDesign) -> str:
     """Where ``depth_runs`` reads, for a figure's title."""
     return (
         f"every scheme at lr {max(design.matched_lrs):g} (matched)"
@@ -304,40 +297,40 @@ def depth_runs_words(design: Any) -> str:
     )
 
 
-def _flag(design: Any, group: str) -> str:
+def _flag(design: StudyDesign, group: str) -> str:
     """The group's label, flagged when its best rate is still at an edge of the rates it tried."""
     s = design.selections.get(group)
     return f"{group} (edge: {s.edge})" if s is not None and s.edge else group
 
 
-def group_table(results: Sequence[RunResult], groups: Sequence[Any], design: Any) -> str:
+def group_table(runs: StudyRuns, design: StudyDesign) -> str:
     """One row per scheme group (``GROUP_COLUMNS``) over its evaluation seeds at its best rate."""
     rows = []
-    for g in groups:
-        runs = best_runs(results, design, g.label)
-        if not runs:
+    for g in design.groups:
+        seeds = best_runs(runs, design, g.label)
+        if not seeds:
             rows.append([_flag(design, g.label), "selection unfinished"] + ["-"] * (len(GROUP_COLUMNS) - 2))
             continue
-        ok = [r for r in runs if r.status == "ok"]
+        ok = [r for r in seeds if r.status == "ok"]
 
         def agg(metric: str, digits: int = 3) -> str:
-            return _ci(stats.interval(per_seed(runs, metric).values()), digits)
+            return _ci(stats.interval(per_seed(seeds, metric).values()), digits)
 
         loss_spikes = _mean([METRICS["loss_spikes"](r) for r in ok])
         spikes = f"{_num(loss_spikes)} / {_num(_mean([METRICS['grad_norm_spikes'](r) for r in ok]))}"
         layers = ", ".join(
-            str(int(v)) if math.isfinite(v) else "-" for v in (METRICS["max_grad_layer"](r) for r in runs)
+            str(int(v)) if math.isfinite(v) else "-" for v in (METRICS["max_grad_layer"](r) for r in seeds)
         )
         rows.append(
             [
                 _flag(design, g.label),
-                runs[0].spec.candidate,
-                f"{runs[0].spec.lr:g}",
-                f"{len(ok)}/{len(runs)}"
+                seeds[0].spec.candidate,
+                f"{seeds[0].spec.lr:g}",
+                f"{len(ok)}/{len(seeds)}"
                 + (
                     ""
-                    if len(ok) == len(runs)
-                    else " (" + ", ".join(_diverged_cell(r) for r in runs if r.status != "ok") + ")"
+                    if len(ok) == len(seeds)
+                    else " (" + ", ".join(_diverged_cell(r) for r in seeds if r.status != "ok") + ")"
                 ),
                 agg("val_loss", 4),
                 agg("train_loss", 4),
@@ -372,33 +365,32 @@ MATCHED_COLUMNS = (
 )
 
 
-def matched_table(results: Sequence[RunResult], groups: Sequence[Any], design: Any) -> str:
+def matched_table(runs: StudyRuns, design: StudyDesign) -> str:
     """Every group's kept candidate at every matched rate (evaluation seeds): the numbers the depth claims use."""
     rows = []
     for lr in design.matched_lrs:
-        for g in groups:
-            s = design.selections.get(g.label)
-            if s is None or s.chosen is None:
+        for g in design.groups:
+            if design.kept(g.label) is None:
                 continue
-            runs = evaluation_runs(results, g.label, s.candidate, lr)
-            ok = [r for r in runs if r.status == "ok"]
+            at = design.evaluation_runs(runs, g.label, lr)
+            ok = [r for r in at if r.status == "ok"]
 
-            def agg(metric: str, digits: int = 3, runs: list[RunResult] = runs) -> str:
-                return _ci(stats.interval(per_seed(runs, metric).values()), digits)
+            def agg(metric: str, digits: int = 3, at: list[RunResult] = at) -> str:
+                return _ci(stats.interval(per_seed(at, metric).values()), digits)
 
             rows.append(
-                [g.label, f"{lr:g}", f"{len(ok)}/{len(runs)}", agg("val_loss", 4), agg("magnitude")]
+                [g.label, f"{lr:g}", f"{len(ok)}/{len(at)}", agg("val_loss", 4), agg("magnitude")]
                 + [agg("median_magnitude"), agg("magnitude_per_coordinate"), agg("variance")]
                 + [agg("magnitude_growth"), agg("variance_growth")]
             )
     return _table(MATCHED_COLUMNS, rows) if rows else "(no matched rate: see the design section)"
 
 
-def design_table(groups: Sequence[Any], design: Any) -> str:
+def design_table(design: StudyDesign) -> str:
     """Each group's selection: its budget (candidates x rates + extensions), the kept candidate and rate, the
     rates added past the grid, and the edge flag."""
     rows = []
-    for g in groups:
+    for g in design.groups:
         s = design.selections.get(g.label)
         if s is None:
             rows.append([g.label, str(len(g.candidates)), "-", "-", "-", "-", "selection unfinished"])
@@ -419,15 +411,15 @@ def design_table(groups: Sequence[Any], design: Any) -> str:
     return _table(header, rows)
 
 
-def budget_note(groups: Sequence[Any], design: Any) -> str:
+def budget_note(design: StudyDesign) -> str:
     """Whether every group had the same selection budget, and why not where it did not."""
-    budgets = {g.label: design.selections[g.label].budget for g in groups if g.label in design.selections}
+    budgets = {g.label: design.selections[g.label].budget for g in design.groups if g.label in design.selections}
     if not budgets:
         return ""
     if len(set(budgets.values())) == 1:
         return f"Every group had the same selection budget: {next(iter(budgets.values()))} runs."
     parts = []
-    for g in groups:
+    for g in design.groups:
         if g.label not in budgets:
             continue
         s = design.selections[g.label]
@@ -447,21 +439,17 @@ def budget_note(groups: Sequence[Any], design: Any) -> str:
     )
 
 
-def lr_table(results: Sequence[RunResult], groups: Sequence[Any], design: Any) -> str:
+def lr_table(runs: StudyRuns, design: StudyDesign) -> str:
     """Validation loss of every selection run (selection seed): candidates (rows) x learning rates (grid and
     extensions); the kept cell in bold; diverged runs give the step of divergence."""
-    first = [r for r in results if r.spec.seed_index == SELECTION_SEED]
-    lrs = sorted({r.spec.lr for r in first})
+    lrs = sorted({r.spec.lr for r in runs if r.spec.seed_index == SELECTION_SEED})
     rows = []
-    for g in groups:
+    for g in design.groups:
         s = design.selections.get(g.label)
         for v in g.candidates:
             cells = []
             for lr in lrs:
-                r = next(
-                    (x for x in first if x.spec.group == g.label and x.spec.candidate == v.label and x.spec.lr == lr),
-                    None,
-                )
+                r = runs.get(RunKey(g.label, v.label, rate_key(lr), SELECTION_SEED))
                 if r is None:
                     cells.append("-")
                 elif r.status == "diverged":
@@ -476,10 +464,12 @@ def lr_table(results: Sequence[RunResult], groups: Sequence[Any], design: Any) -
     return _table(["scheme", "candidate"] + [f"lr {lr:g}" for lr in lrs], rows)
 
 
-def budget_lines(results: Sequence[RunResult], groups: Sequence[Any], design: Any, meta: dict[str, Any]) -> list[str]:
+def budget_lines(runs: StudyRuns, design: StudyDesign, meta: dict[str, Any]) -> list[str]:
     """How far training got: the schemes' mean validation loss against the unigram loss of the same tokens."""
     unigram = meta.get("unigram_loss")
-    means = {g.label: _mean(list(per_seed(best_runs(results, design, g.label), "val_loss").values())) for g in groups}
+    means = {
+        g.label: _mean(list(per_seed(best_runs(runs, design, g.label), "val_loss").values())) for g in design.groups
+    }
     means = {k: v for k, v in means.items() if math.isfinite(v)}
     if unigram is None or not means:
         return []
@@ -506,20 +496,20 @@ def divergence_edge(results: Sequence[RunResult]) -> str:
     return f"Divergence edge (lowest diverging learning rate tried): {listed}; the others trained at every LR."
 
 
-def importance_table(results: Sequence[RunResult], groups: Sequence[Any], design: Any) -> str:
+def importance_table(runs: StudyRuns, design: StudyDesign) -> str:
     """Layer importance: validation-loss increase when one block is skipped, mean over seeds, summarised by
     depth quarter, with the number of blocks whose removal costs less than 0.01 nats."""
     rows = []
-    for g in groups:
-        runs = [r for r in best_runs(results, design, g.label) if r.status == "ok" and r.importance]
-        if not runs:
+    for g in design.groups:
+        seeds = [r for r in best_runs(runs, design, g.label) if r.status == "ok" and r.importance]
+        if not seeds:
             continue
-        n = min(len(r.importance) for r in runs)
-        mean = [_mean([r.importance[i] for r in runs]) for i in range(n)]
+        n = min(len(r.importance) for r in seeds)
+        mean = [_mean([r.importance[i] for r in seeds]) for i in range(n)]
         q = max(1, n // 4)
         quarters = [mean[i * q : (i + 1) * q] if i < 3 else mean[3 * q :] for i in range(4)]
         rows.append(
-            [_flag(design, g.label), str(len(runs))]
+            [_flag(design, g.label), str(len(seeds))]
             + [_num(_mean(part)) for part in quarters]
             + [str(int(max(range(n), key=lambda i: mean[i])) + 1), f"{sum(v < 0.01 for v in mean)}/{n}"]
         )
@@ -536,7 +526,7 @@ def importance_table(results: Sequence[RunResult], groups: Sequence[Any], design
     return _table(header, rows) if rows else "(layer importance not measured)"
 
 
-def approximation_table(results: Sequence[RunResult], groups: Sequence[Any], design: Any, reference: str | None) -> str:
+def approximation_table(runs: StudyRuns, design: StudyDesign, reference: str | None) -> str:
     """Where an approximated site-B statistic parts from the exact one: for every group whose runs record
     ``bhyt_moment_ratio`` (approximated over exact second moment, 1 = exact) or that is the ``reference`` group
     (the role ``BHyT*``), the ratio in the first 4 layers and the rest, over positions 0-7 and later (at the
@@ -547,20 +537,20 @@ def approximation_table(results: Sequence[RunResult], groups: Sequence[Any], des
     def has_ratio(runs: Sequence[RunResult]) -> bool:
         return any(k.startswith("bhyt_moment_ratio/") for r in runs for k in r.depth_final)
 
-    family = [g for g in groups if g.label == reference or has_ratio(best_runs(results, design, g.label))]
+    family = [g for g in design.groups if g.label == reference or has_ratio(best_runs(runs, design, g.label))]
     if not family:
         return "(no group with an approximated statistic)"
     lrs = design.matched_lrs if reference else ()
     rows = []
     for g in family:
-        runs = [r for r in best_runs(results, design, g.label) if r.status == "ok"]
-        if not runs:
+        ok = [r for r in best_runs(runs, design, g.label) if r.status == "ok"]
+        if not ok:
             continue
 
-        def ratio(stat: str, lo: int, hi: int | None, runs: list[RunResult] = runs) -> str:
+        def ratio(stat: str, lo: int, hi: int | None, ok: list[RunResult] = ok) -> str:
             """Mean over the layers ``lo <= i < hi`` (0-based) that have the statistic, then over seeds."""
             per_run = []
-            for r in runs:
+            for r in ok:
                 layers = {
                     split[1]: v
                     for k, v in r.depth_final.items()
@@ -575,7 +565,7 @@ def approximation_table(results: Sequence[RunResult], groups: Sequence[Any], des
             ratios = (
                 []
                 if g.label == reference
-                else [_matched_ratio(results, design, g.label, reference, lr, stat) for lr in lrs]
+                else [_matched_ratio(runs, design, g.label, reference, lr, stat) for lr in lrs]
             )
             cells.append("; ".join(r for r in ratios if r) or "-")
         rows.append(cells)
@@ -584,10 +574,10 @@ def approximation_table(results: Sequence[RunResult], groups: Sequence[Any], des
     return _table(header, rows)
 
 
-def _matched_ratio(results: Sequence[RunResult], design: Any, group: str, reference: str, lr: float, stat: str) -> str:
+def _matched_ratio(runs: StudyRuns, design: StudyDesign, group: str, reference: str, lr: float, stat: str) -> str:
     """``lr: exp(mean) [exp(low), exp(high)]`` of the seed-paired ln ratio group / reference at one matched rate."""
     sides = [
-        {r.spec.seed_index: ln_value(r, stat) for r in runs_at(results, design, label, lr) if r.status == "ok"}
+        {r.spec.seed_index: ln_value(r, stat) for r in design.evaluation_runs(runs, label, lr) if r.status == "ok"}
         for label in (group, reference)
     ]
     if not sides[0] or not sides[1]:
@@ -616,18 +606,20 @@ def growth_words(iv: stats.Interval, margin: float = GROWTH_MARGIN) -> str:
     return "unresolved"
 
 
-def growth_rows(results: Sequence[RunResult], groups: Sequence[Any], design: Any) -> list[tuple[str, str, dict]]:
+def growth_rows(runs: StudyRuns, design: StudyDesign) -> list[tuple[str, str, dict]]:
     """``(group, rate, {metric: interval})`` for every group at its best rate and at each matched rate."""
     out = []
-    for g in groups:
-        s = design.selections.get(g.label)
-        if s is None or s.chosen is None:
+    for g in design.groups:
+        s = design.kept(g.label)
+        if s is None:
             continue
-        rates = list(dict.fromkeys([*design.matched_lrs, s.lr]))
-        for lr in rates:
-            runs = evaluation_runs(results, g.label, s.candidate, lr)
-            ivs = {m: stats.interval(per_seed(runs, m).values()) for m in GROWTH_METRICS}
-            best = lr == s.lr
+        rates: dict[str, float] = {}  # by rate key: the best rate once when it is a matched one
+        for lr in (*design.matched_lrs, s.lr):
+            rates.setdefault(rate_key(lr), lr)
+        for key, lr in rates.items():
+            at = design.evaluation_runs(runs, g.label, lr)
+            ivs = {m: stats.interval(per_seed(at, m).values()) for m in GROWTH_METRICS}
+            best = key == rate_key(s.lr)
             out.append((_flag(design, g.label) if best else g.label, f"{lr:g}" + (" (best)" if best else ""), ivs))
     return out
 
@@ -674,7 +666,7 @@ def _claim_name(c: ClaimResult) -> str:
     return f"{c.spec.statement} [{c.spec.source}]: {c.target} vs {c.baseline}"
 
 
-def _edge_note(c: ClaimResult, design: Any) -> str:
+def _edge_note(c: ClaimResult, design: StudyDesign) -> str:
     """Best-arm claims of a group whose best rate is still at an edge carry the flag."""
     if c.spec.arm != "best":
         return ""
@@ -682,7 +674,7 @@ def _edge_note(c: ClaimResult, design: Any) -> str:
     return " (edge: " + ", ".join(flagged) + ")" if flagged else ""
 
 
-def summary_table(items: Sequence[ClaimResult], design: Any) -> str:
+def summary_table(items: Sequence[ClaimResult], design: StudyDesign) -> str:
     """claim | arm | rate(s) | difference [95 % CI] | verdict | Holm-adjusted verdict: one row per claim, each
     matched rate's difference in the rate order."""
     rows = []
@@ -839,7 +831,7 @@ def verdict_counts(items: Sequence[ClaimResult]) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- figures
-def _color(groups: Sequence[Any], label: str) -> Any:
+def _color(groups: Sequence[SchemeGroup], label: str) -> Any:
     """One colour per scheme group, the same in every panel and figure."""
     from matplotlib import colormaps
 
@@ -863,7 +855,7 @@ def _band(ax: Any, x: Sequence[float], series: list[list[float]], label: str, co
     ax.fill_between(list(x)[:n], low, high, color=line.get_color(), alpha=0.2, linewidth=0)
 
 
-def depth_profile_figure(results: Sequence[RunResult], groups: Sequence[Any], design: Any, title: str) -> Any:
+def depth_profile_figure(runs: StudyRuns, design: StudyDesign, title: str) -> Any:
     """Paper Figure 3 and its robust variants against depth at the end: mean over seeds with a min-max band, every
     group at the same (matched) rate when there is one."""
     from matplotlib.figure import Figure
@@ -873,12 +865,12 @@ def depth_profile_figure(results: Sequence[RunResult], groups: Sequence[Any], de
     figure = Figure(figsize=(13, 8), layout="constrained")
     axes = figure.subplots(2, 2).ravel()
     for ax, stat in zip(axes, stats_, strict=True):
-        for g in groups:
-            runs = [r for r in depth_runs(results, design, g.label) if r.status == "ok"]
-            series = [layer_series(r.depth_final, stat) for r in runs]
+        for g in design.groups:
+            seeds = [r for r in depth_runs(runs, design, g.label) if r.status == "ok"]
+            series = [layer_series(r.depth_final, stat) for r in seeds]
             series = [s for s in series if s]
             if series:
-                _band(ax, range(1, len(series[0]) + 1), series, g.label, _color(groups, g.label))
+                _band(ax, range(1, len(series[0]) + 1), series, g.label, _color(design.groups, g.label))
         ax.set_yscale("log")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("layer (block output)")
@@ -890,7 +882,7 @@ def depth_profile_figure(results: Sequence[RunResult], groups: Sequence[Any], de
     return figure
 
 
-def trajectory_figure(results: Sequence[RunResult], groups: Sequence[Any], design: Any, title: str) -> Any:
+def trajectory_figure(runs: StudyRuns, design: StudyDesign, title: str) -> Any:
     """Last-layer magnitude, median-token magnitude, log-magnitude slope and tanh saturation against the
     optimizer step: mean over seeds with a min-max band, every group at the same (matched) rate when there is one."""
     from matplotlib.figure import Figure
@@ -904,13 +896,13 @@ def trajectory_figure(results: Sequence[RunResult], groups: Sequence[Any], desig
         ("tanh saturation (mean over sites and layers)", lambda p: _mean(p["saturation"]), False),
     )
     for ax, (name, fn, log_scale) in zip(axes, panels, strict=True):
-        for g in groups:
-            runs = [r for r in depth_runs(results, design, g.label) if r.status == "ok" and r.trajectory]
-            if not runs:
+        for g in design.groups:
+            seeds = [r for r in depth_runs(runs, design, g.label) if r.status == "ok" and r.trajectory]
+            if not seeds:
                 continue
-            steps = [p["step"] for p in runs[0].trajectory]
-            series = [[fn(p) for p in r.trajectory] for r in runs]
-            _band(ax, steps, series, g.label, _color(groups, g.label))
+            steps = [p["step"] for p in seeds[0].trajectory]
+            series = [[fn(p) for p in r.trajectory] for r in seeds]
+            _band(ax, steps, series, g.label, _color(design.groups, g.label))
         if log_scale:
             ax.set_yscale("log")
         ax.set_xlabel("optimizer step")
@@ -922,29 +914,29 @@ def trajectory_figure(results: Sequence[RunResult], groups: Sequence[Any], desig
     return figure
 
 
-def lr_figure(results: Sequence[RunResult], groups: Sequence[Any], max_loss: float) -> Any:
+def lr_figure(runs: StudyRuns, design: StudyDesign, max_loss: float) -> Any:
     """Validation loss against learning rate on the first seed, one line per candidate; a diverged run is an
     'x' at the top of the plot (the divergence edge)."""
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=(8, 4.8), layout="constrained")
     ax = figure.subplots()
-    first = [r for r in results if r.spec.seed_index == SELECTION_SEED]
+    first = [r for r in runs if r.spec.seed_index == SELECTION_SEED]
     finite = [r.val_loss for r in first if r.status == "ok" and math.isfinite(r.val_loss)]
     top = max(finite) + 0.1 if finite else max_loss
-    for g in groups:
+    for g in design.groups:
         for v in g.candidates:
-            runs = sorted(
+            tried = sorted(
                 (r for r in first if r.spec.group == g.label and r.spec.candidate == v.label),
                 key=lambda r: r.spec.lr,
             )
-            if not runs:
+            if not tried:
                 continue
-            ok = [r for r in runs if r.status == "ok"]
+            ok = [r for r in tried if r.status == "ok"]
             (line,) = ax.plot(
                 [r.spec.lr for r in ok], [r.val_loss for r in ok], marker="o", markersize=3, label=v.label
             )
-            bad = [r.spec.lr for r in runs if r.status != "ok"]
+            bad = [r.spec.lr for r in tried if r.status != "ok"]
             if bad:
                 ax.plot(bad, [top] * len(bad), "x", color=line.get_color(), markersize=8)
     ax.set_xscale("log")
@@ -957,22 +949,22 @@ def lr_figure(results: Sequence[RunResult], groups: Sequence[Any], max_loss: flo
     return figure
 
 
-def importance_figure(results: Sequence[RunResult], groups: Sequence[Any], design: Any) -> Any:
+def importance_figure(runs: StudyRuns, design: StudyDesign) -> Any:
     """Validation-loss increase when each block alone is replaced by the identity, mean with a seed band."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
     figure = Figure(figsize=(9, 4.8), layout="constrained")
     ax = figure.subplots()
-    for g in groups:
-        runs = [r for r in best_runs(results, design, g.label) if r.status == "ok" and r.importance]
-        if runs:
+    for g in design.groups:
+        seeds = [r for r in best_runs(runs, design, g.label) if r.status == "ok" and r.importance]
+        if seeds:
             _band(
                 ax,
-                range(1, len(runs[0].importance) + 1),
-                [r.importance for r in runs],
+                range(1, len(seeds[0].importance) + 1),
+                [r.importance for r in seeds],
                 g.label,
-                _color(groups, g.label),
+                _color(design.groups, g.label),
             )
     ax.set_yscale("symlog", linthresh=1e-3)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -985,21 +977,21 @@ def importance_figure(results: Sequence[RunResult], groups: Sequence[Any], desig
     return figure
 
 
-def loss_figure(results: Sequence[RunResult], groups: Sequence[Any], design: Any, title: str) -> Any:
+def loss_figure(runs: StudyRuns, design: StudyDesign, title: str) -> Any:
     """Training loss against step over the seeds of each group (mean with a min-max band)."""
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=(8, 4.8), layout="constrained")
     ax = figure.subplots()
-    for g in groups:
-        runs = [r for r in best_runs(results, design, g.label) if r.status == "ok" and r.losses]
-        if runs:
+    for g in design.groups:
+        seeds = [r for r in best_runs(runs, design, g.label) if r.status == "ok" and r.losses]
+        if seeds:
             _band(
                 ax,
-                [s for s, _ in runs[0].losses],
-                [[v for _, v in r.losses] for r in runs],
+                [s for s, _ in seeds[0].losses],
+                [[v for _, v in r.losses] for r in seeds],
                 g.label,
-                _color(groups, g.label),
+                _color(design.groups, g.label),
             )
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("training loss")
@@ -1011,18 +1003,6 @@ def loss_figure(results: Sequence[RunResult], groups: Sequence[Any], design: Any
 
 
 # ----------------------------------------------------------------------------- the report
-def claim_design(design: Any, meta: dict[str, Any]) -> Design:
-    """The claims' view of the protocol's design: each selected group's best rate and candidate."""
-    chosen = {g: s for g, s in design.selections.items() if s.chosen is not None}
-    return Design(
-        best={g: s.lr for g, s in chosen.items()},
-        candidate={g: s.candidate for g, s in chosen.items()},
-        matched_lrs=tuple(design.matched_lrs),
-        tokens_per_step=int(meta.get("tokens_per_step", 0)),
-    )
-
-
-
 def margins_lines(items: Sequence[ClaimResult]) -> list[str]:
     margins = sorted({(c.spec.metric, c.spec.margin_value) for c in items if c.spec.margin_value is not None})
     if not margins:
@@ -1031,31 +1011,22 @@ def margins_lines(items: Sequence[ClaimResult]) -> list[str]:
     return [f"Margins (docs/method.md, section 10): {listed}."]
 
 
-def write_report(
-    out: Path,
-    results: list[RunResult],
-    meta: dict[str, Any],
-    groups: Sequence[Any],
-    design: Any,
-    sweep: bool,
-    figures: bool = True,
-    record: bool = True,
-) -> dict[str, Path]:
-    """``results.json`` (every run, the design, every claim with its tests and run labels; not when ``record`` is
-    False), ``report.md`` and (``figures``) the PNGs under ``out``."""
+def write_report(out: Path, record: StudyRecord, figures: bool = True, save: bool = True) -> dict[str, Path]:
+    """``results.json`` (``record`` with every claim's tests and run labels; not when ``save`` is False),
+    ``report.md`` and (``figures``) the PNGs under ``out``."""
     out.mkdir(parents=True, exist_ok=True)
+    meta, design, sweep = record.meta, record.design, record.sweep
+    runs = StudyRuns(record.runs) if design is not None else None
     paths = {"results": out / "results.json", "report": out / "report.md"}
-    document: dict[str, Any] = {"meta": meta}
     items: list[ClaimResult] = []
-    skipped: list[Any] = []
+    skipped: list[ClaimSpec] = []
     roles = meta.get("roles", {})
-    if not sweep:
-        items, skipped = evaluate(results, claim_design(design, meta), roles)
-        document["design"] = design.to_dict()
-        document["claims"] = [c.to_dict() for c in items]
-        document["claims_not_tested"] = [f"{c.statement}: {c.target} vs {c.baseline}" for c in skipped]
-    document["runs"] = [r.to_dict() for r in results]
-    if record:
+    if design is not None:
+        items, skipped = evaluate(runs, design, roles, tokens_per_step=int(meta.get("tokens_per_step", 0)))
+    if save:
+        document = record.to_dict(
+            [c.to_dict() for c in items], [f"{c.statement}: {c.target} vs {c.baseline}" for c in skipped]
+        )
         paths["results"].write_text(json.dumps(document, indent=1, default=str))
     max_loss = float(meta["max_loss"])
     title = (
@@ -1069,12 +1040,12 @@ def write_report(
     lines.append("")
     if sweep:
         if figures:
-            paths["grid"] = save_figure(sweep_figure(results, max_loss), out / "sweep_grid.png")
+            paths["grid"] = save_figure(sweep_figure(record.runs, max_loss), out / "sweep_grid.png")
         lines += [
             f"Final training loss (mean of the last 10% of steps); **diverged**: loss NaN/inf or > {max_loss:.3g} "
             "at that step.",
             "",
-            sweep_table(results),
+            sweep_table(record.runs),
             "",
             "![stability grid](sweep_grid.png)",
         ]
@@ -1082,15 +1053,15 @@ def write_report(
         return paths
     if figures:
         paths["depth_final"] = save_figure(
-            depth_profile_figure(results, groups, design, f"end of training: {title}"), out / "depth_final.png"
+            depth_profile_figure(runs, design, f"end of training: {title}"), out / "depth_final.png"
         )
-        paths["trajectories"] = save_figure(trajectory_figure(results, groups, design, title), out / "trajectories.png")
-        paths["lr"] = save_figure(lr_figure(results, groups, max_loss), out / "lr_sensitivity.png")
-        paths["importance"] = save_figure(importance_figure(results, groups, design), out / "layer_importance.png")
-        paths["loss"] = save_figure(loss_figure(results, groups, design, title), out / "loss.png")
+        paths["trajectories"] = save_figure(trajectory_figure(runs, design, title), out / "trajectories.png")
+        paths["lr"] = save_figure(lr_figure(runs, design, max_loss), out / "lr_sensitivity.png")
+        paths["importance"] = save_figure(importance_figure(runs, design), out / "layer_importance.png")
+        paths["loss"] = save_figure(loss_figure(runs, design, title), out / "loss.png")
         paths["claims"] = save_figure(claims_figure(items), out / "claims_over_training.png")
     role_text = ", ".join(f"{role} = {group}" for role, group in roles.items()) or "none"
-    growth = growth_rows(results, groups, design)
+    growth = growth_rows(runs, design)
     lines += [
         "## Design",
         "",
@@ -1100,9 +1071,9 @@ def write_report(
         f"(up to {meta.get('extensions', '?')} time(s)); a group still there is flagged *edge* in every table "
         "that uses it.",
         "",
-        design_table(groups, design),
+        design_table(design),
         "",
-        budget_note(groups, design),
+        budget_note(design),
         "",
         f"Matched rates: {', '.join(f'{lr:g}' for lr in design.matched_lrs) or 'none'} "
         f"({design.matched_note or 'not set yet'}).",
@@ -1158,7 +1129,7 @@ def write_report(
         "magnitude: mean over tokens of ||y_t||; median token: median over tokens (position 0 excluded); per "
         "coordinate: the mean-token magnitude / sqrt(d), the scale to set beside a wider model's numbers.",
         "",
-        matched_table(results, groups, design),
+        matched_table(runs, design),
         "",
         "## Schemes at their best learning rate",
         "",
@@ -1167,21 +1138,21 @@ def write_report(
         "(1-based, per seed) and attention entropy (nats) from StabilityMonitor on the training batch at its "
         "last logging step.",
         "",
-        group_table(results, groups, design),
+        group_table(runs, design),
         "",
-        *budget_lines(results, groups, design, meta),
+        *budget_lines(runs, design, meta),
         "",
         "## Learning-rate sensitivity (selection seed, validation loss; bold: kept)",
         "",
-        lr_table(results, groups, design),
+        lr_table(runs, design),
         "",
-        divergence_edge(results),
+        divergence_edge(runs.results),
         "",
         "![LR sensitivity](lr_sensitivity.png)",
         "",
         "## Layer importance (loss increase on the first validation batch when one block is replaced by the identity)",
         "",
-        importance_table(results, groups, design),
+        importance_table(runs, design),
         "",
         "![layer importance](layer_importance.png)",
         "",
@@ -1192,11 +1163,11 @@ def write_report(
         "the group's best rate; n/a where site B is exact. Last-layer ratios to the exact-statistics group: "
         "seed-paired, at each matched rate.",
         "",
-        approximation_table(results, groups, design, roles.get("BHyT*")),
+        approximation_table(runs, design, roles.get("BHyT*")),
         "",
         "## Theorem condition lambda/kappa < 1/sqrt(L) (evaluation runs that record it)",
         "",
-        bound_table([r for r in results if r.spec.seed_index != SELECTION_SEED]),
+        bound_table([r for r in runs if r.spec.seed_index != SELECTION_SEED]),
         "",
         "## Figures",
         "",

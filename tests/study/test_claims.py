@@ -8,8 +8,10 @@ from __future__ import annotations
 import math
 
 import pytest
+from study_fixtures import kept_design
 
-from bhyt_pl.study.claims import CLAIMS, Design, evaluate
+from bhyt_pl.study.claims import CLAIMS, evaluate
+from bhyt_pl.study.design import StudyDesign
 from bhyt_pl.study.runner import RunResult, RunSpec
 from bhyt_pl.study.stats import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
 
@@ -32,7 +34,7 @@ BOUNDS = {  # the runner's variance_bound diagnostic: kappa 10, 4 layers (thresh
 ROLES = {"BHyT": "bhyt", "BHyT*": "bhyt_exact", "RMSNorm": "rmsnorm", "LNS": "lns", "DyT": "dyt"}
 
 
-def _study(data: dict) -> tuple[list[RunResult], Design]:
+def _study(data: dict) -> tuple[list[RunResult], StudyDesign]:
     results = []
     for group, (loss, magnitude, variance) in data.items():
         for seed in (1, 2, 3):
@@ -46,7 +48,7 @@ def _study(data: dict) -> tuple[list[RunResult], Design]:
                     spec, n_layers=2, val_loss=loss[seed - 1], depth_final=depth, variance_bound=BOUNDS.get(group)
                 )
             )
-    design = Design({g: 1e-3 for g in data}, {g: g for g in data}, (1e-3,))
+    design = kept_design({g: 1e-3 for g in data}, (1e-3,))
     return results, design
 
 

@@ -14,18 +14,19 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
+from study_fixtures import kept_design
 
 from bhyt_pl.study import claims as claims_module
 from bhyt_pl.study import metrics as metrics_module
-from bhyt_pl.study.claims import CLAIMS, ClaimSpec, Design, evaluate
+from bhyt_pl.study.claims import CLAIMS, ClaimSpec, evaluate
 from bhyt_pl.study.command import Scheduler, _InlineExecutor, run_depth_study
+from bhyt_pl.study.design import StudyDesign, StudyRuns, parse_group
 from bhyt_pl.study.metrics import growth, growth_slope
 from bhyt_pl.study.plan import (
     SELECTION_SEED,
     default_matched_lrs,
     evaluation_specs,
     extension_lr,
-    parse_group,
     select,
     selection_specs,
 )
@@ -85,7 +86,8 @@ def fake_runner(loss: Callable[[RunSpec], float], out: Path, trained: list[str])
 def study(groups, loss, out: Path, lrs=GRID, n_seeds=3, extensions=1, matched=None, trained=None):
     trained = [] if trained is None else trained
     scheduler = Scheduler(_InlineExecutor(), fake_runner(loss, out, trained), out, resume=True)
-    results, design = run_depth_study(groups, lrs, n_seeds, BASE, scheduler, extensions=extensions, matched_lrs=matched)
+    design = StudyDesign(tuple(groups), tuple(lrs), n_seeds, extensions)
+    results = run_depth_study(design, BASE, scheduler, matched_lrs=matched)
     return results, design, trained, scheduler
 
 
@@ -110,7 +112,7 @@ def test_the_selection_seed_is_never_an_evaluation_seed(tmp_path: Path) -> None:
             assert sorted(r.spec.seed for r in runs) == [43, 44, 45]
             assert {r.spec.candidate for r in runs} == {s.candidate}
     # every claim's runs are evaluation runs: none carries the selection seed
-    items, _ = evaluate(results, _design(design), {"BHyT": "rmsnorm", "DyT": "dyt:alpha_attn=0.5|1.0"})
+    items, _ = evaluate(results, design, {"BHyT": "rmsnorm", "DyT": "dyt:alpha_attn=0.5|1.0"})
     labels = [label for c in items for t in c.tests for label in t.target_runs + t.baseline_runs]
     assert labels and not any(label.endswith("-s0") for label in labels)
 
@@ -165,9 +167,10 @@ def test_the_edge_flag_appears_in_every_table_that_uses_the_group(tmp_path: Path
     loss = lambda spec: v_loss(5e-4 if spec.group == "rmsnorm" else 3e-3)(spec)  # noqa: E731
     results, design, _, _ = study(groups, loss, tmp_path, n_seeds=2, extensions=0)
     assert design.selections["rmsnorm"].edge == "lowest" and design.selections["bhyt"].edge == ""
-    for table in (report.group_table(results, groups, design), report.lr_table(results, groups, design)):
+    runs = StudyRuns(results)
+    for table in (report.group_table(runs, design), report.lr_table(runs, design)):
         assert "rmsnorm (edge: lowest)" in table and "bhyt (edge" not in table
-    items, _ = evaluate(results, _design(design), {"BHyT": "bhyt", "RMSNorm": "rmsnorm"})
+    items, _ = evaluate(results, design, {"BHyT": "bhyt", "RMSNorm": "rmsnorm"})
     summary = report.summary_table(items, design)
     best_rows = [line for line in summary.splitlines() if "| best |" in line]
     assert best_rows and all("(edge: rmsnorm)" in line for line in best_rows)
@@ -198,7 +201,8 @@ def test_only_the_reported_runs_measure_stability_and_layer_importance(tmp_path:
     lrs = (1e-3, 3e-3, 1e-2, 3e-2)
     loss = lambda spec: v_loss(1e-2 if spec.group == "rmsnorm" else 1e-3)(spec)  # noqa: E731 - bhyt: an extension
     scheduler = Scheduler(_InlineExecutor(), fake_runner(loss, tmp_path, []), tmp_path, resume=True)
-    results, design = run_depth_study(groups, lrs, 2, measured, scheduler, extensions=1)
+    design = StudyDesign(tuple(groups), lrs, 2, 1)
+    results = run_depth_study(design, measured, scheduler)
     assert design.matched_lrs == (1e-2, 3e-2) and design.selections["bhyt"].extensions
     reported = {(r.spec.group, r.spec.lr) for r in results if r.spec.seed_index > 0}
     assert reported == {("rmsnorm", 1e-2), ("rmsnorm", 3e-2), ("bhyt", 1e-2), ("bhyt", 3e-2), ("bhyt", 1e-3)}
@@ -253,13 +257,6 @@ def _fields(spec: dict) -> dict:
 
 
 # ----------------------------------------------------------------------------- claims as data
-def _design(design) -> Design:
-    chosen = {g: s for g, s in design.selections.items() if s.chosen is not None}
-    return Design(
-        {g: s.lr for g, s in chosen.items()}, {g: s.candidate for g, s in chosen.items()}, design.matched_lrs, 64
-    )
-
-
 def _synthetic(group: str, lr: float, seed_index: int, magnitude: list[float], loss: float) -> RunResult:
     spec = replace(
         BASE,
@@ -273,7 +270,7 @@ def _synthetic(group: str, lr: float, seed_index: int, magnitude: list[float], l
     return fake_result(spec, loss, magnitude)
 
 
-def synthetic_set() -> tuple[list[RunResult], Design]:
+def synthetic_set() -> tuple[list[RunResult], StudyDesign]:
     """Two groups, 3 evaluation seeds, best rates 1e-3 (a) and 3e-3 (b), matched rates 3e-3 and 1e-2.
     Group a's last-layer magnitude is e^-1 of b's at 3e-3 and e^+0.5 at 1e-2 (seed offsets 0, 0.1, -0.1)."""
     results = []
@@ -284,7 +281,7 @@ def synthetic_set() -> tuple[list[RunResult], Design]:
         results.append(_synthetic("a", 3e-3, i, [1.0, 1.0, 1.0, b * math.exp(-1 + offset / 2)], 3.5))
         results.append(_synthetic("a", 1e-2, i, [1.0, 1.0, 1.0, b * math.exp(0.5 + offset / 2)], 3.5))
         results.append(_synthetic("a", 1e-3, i, [1.0, 1.0, 1.0, 1.0], 2.9 + offset + 0.01 * i))
-    design = Design({"a": 1e-3, "b": 3e-3}, {"a": "a", "b": "b"}, (3e-3, 1e-2), tokens_per_step=64)
+    design = kept_design({"a": 1e-3, "b": 3e-3}, (3e-3, 1e-2))
     return results, design
 
 
@@ -336,7 +333,7 @@ def test_best_arm_pairs_each_group_at_its_own_rate_and_holm_adjusts_the_family()
 def test_claims_over_training_on_synthetic_trajectories() -> None:
     results, design = synthetic_set()
     row = ClaimSpec("A's last-layer magnitude is below B's", "Figure 3", "A", "B", "magnitude", "matched", "lower")
-    (claim,), _ = evaluate(results, design, {"A": "a", "B": "b"}, claims=(row,))
+    (claim,), _ = evaluate(results, design, {"A": "a", "B": "b"}, claims=(row,), tokens_per_step=64)
     points = claim.tests[0].over_training
     # step 0: both profiles are all ones -> difference 0 on every seed (sd 0): inconclusive; step 10: the end
     assert [p["step"] for p in points] == [0, 10] and [p["tokens"] for p in points] == [0, 640]

@@ -8,7 +8,8 @@ import math
 import pytest
 
 from bhyt_pl.study import stats
-from bhyt_pl.study.plan import choose, parse_group, selection_specs
+from bhyt_pl.study.design import parse_group
+from bhyt_pl.study.plan import choose, selection_specs
 from bhyt_pl.study.runner import RunResult, RunSpec
 
 

@@ -14,7 +14,7 @@ import torch
 
 from bhyt_pl.study import command, main, runner
 from bhyt_pl.study.command import parser, resolve
-from bhyt_pl.study.plan import check_disjoint, parse_group
+from bhyt_pl.study.design import check_disjoint, parse_group
 from bhyt_pl.study.report import GROUP_COLUMNS
 from bhyt_pl.study.runner import DivergenceMonitor, log_slope
 

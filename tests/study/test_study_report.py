@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from types import SimpleNamespace
 
-from bhyt_pl.study.command import StudyDesign
-from bhyt_pl.study.plan import Selection
+from study_fixtures import kept_design
+
+from bhyt_pl.study.design import StudyRuns
 from bhyt_pl.study.report import approximation_table, depth_runs, depth_runs_words
 from bhyt_pl.study.runner import RunResult, RunSpec
 
@@ -47,12 +47,9 @@ def _parse(cell: str) -> tuple[float, tuple[float, float, float]]:
 
 def test_approximation_ratios_compare_both_groups_at_each_matched_rate() -> None:
     results = [_run(g, lr, s, m[s - 1]) for (g, lr), m in MAGNITUDES.items() for s in (1, 2, 3)]
-    best = {"bhyt": 1e-2, "bhyt_exact": 3e-3}
-    chosen = {g: RunResult(RunSpec(label=f"{g}-s0", norm=g, group=g, candidate=g, lr=lr)) for g, lr in best.items()}
-    design = StudyDesign({g: Selection(g, r, (r,)) for g, r in chosen.items()}, matched_lrs=(3e-3,))
-    groups = [SimpleNamespace(label=g) for g in best]
+    design = kept_design({"bhyt": 1e-2, "bhyt_exact": 3e-3}, matched_lrs=(3e-3,))
 
-    table = approximation_table(results, groups, design, "bhyt_exact").splitlines()
+    table = approximation_table(StudyRuns(results), design, "bhyt_exact").splitlines()
     cells = [c.strip() for c in next(line for line in table if line.startswith("| bhyt |")).strip("|").split("|")]
     assert cells[1:5] == ["0.75", "n/a", "n/a", "n/a"]  # moment ratio at bhyt's best rate: layers 0-1 only
     read = {}
@@ -68,16 +65,13 @@ def test_approximation_ratios_compare_both_groups_at_each_matched_rate() -> None
 
 
 def test_depth_figures_read_every_group_at_the_highest_matched_rate() -> None:
-    results = [_run(g, lr, s, m[s - 1]) for (g, lr), m in MAGNITUDES.items() for s in (1, 2, 3)]
-    chosen = RunResult(RunSpec(label="bhyt-s0", norm="bhyt", group="bhyt", candidate="bhyt", lr=1e-2))
-    selections = {"bhyt": Selection("bhyt", chosen, (chosen,))}
-
-    matched = StudyDesign(selections, matched_lrs=(1e-3, 3e-3))
+    results = StudyRuns(_run(g, lr, s, m[s - 1]) for (g, lr), m in MAGNITUDES.items() for s in (1, 2, 3))
+    matched = kept_design({"bhyt": 1e-2}, matched_lrs=(1e-3, 3e-3))
     assert [(r.spec.lr, r.spec.seed_index) for r in depth_runs(results, matched, "bhyt")] == [
         (3e-3, s) for s in (1, 2, 3)
     ]
     assert depth_runs_words(matched) == "every scheme at lr 0.003 (matched)"
-    unmatched = StudyDesign(selections)
+    unmatched = kept_design({"bhyt": 1e-2})
     assert [r.spec.lr for r in depth_runs(results, unmatched, "bhyt")] == [1e-2] * 3  # the best rate
     assert depth_runs(results, matched, "bhyt_exact") == []  # no selection yet
 
@@ -86,8 +80,8 @@ def test_report_from_rebuilds_the_committed_report_byte_for_byte(tmp_path) -> No
     import json
     import shutil
 
-    from bhyt_pl.study.command import StudyDesign, report_from
-    from bhyt_pl.study.runner import RunResult
+    from bhyt_pl.study.command import report_from
+    from bhyt_pl.study.results import load
 
     committed = Path(__file__).resolve().parents[2] / "docs" / "depth_study"
     shutil.copy(committed / "results.json", tmp_path / "results.json")
@@ -95,5 +89,6 @@ def test_report_from_rebuilds_the_committed_report_byte_for_byte(tmp_path) -> No
     assert (tmp_path / "report.md").read_text() == (committed / "report.md").read_text()
     assert (tmp_path / "results.json").read_bytes() == (committed / "results.json").read_bytes()  # read, not written
     document = json.loads((committed / "results.json").read_text())
-    runs = {r["spec"]["label"]: RunResult.from_dict(r) for r in document["runs"]}
-    assert StudyDesign.from_dict(document["design"], runs).to_dict() == document["design"]
+    design = load(committed).design.to_dict()  # the committed design predates its frame fields (read from meta)
+    assert {k: v for k, v in design.items() if k in document["design"]} == document["design"]
+    assert design["groups"] == document["meta"]["schemes"] and design["seeds"] == 3
