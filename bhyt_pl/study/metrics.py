@@ -14,7 +14,8 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from bhyt_pl.study.runner import RunResult, log_slope, trajectory_point
+from bhyt_pl.study.measure import log_slope, trajectory_point
+from bhyt_pl.study.runner import RunResult
 
 __all__ = ["LOG_METRICS", "METRICS", "final_snapshot", "growth", "growth_slope", "quarter_layer", "snapshots", "value"]
 

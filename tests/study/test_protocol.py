@@ -19,8 +19,8 @@ from study_fixtures import kept_design
 from bhyt_pl.study import claims as claims_module
 from bhyt_pl.study import metrics as metrics_module
 from bhyt_pl.study.claims import CLAIMS, ClaimSpec, evaluate
-from bhyt_pl.study.command import Scheduler, _InlineExecutor, run_depth_study
 from bhyt_pl.study.design import StudyDesign, StudyRuns, parse_group
+from bhyt_pl.study.local import InlineLauncher
 from bhyt_pl.study.metrics import growth, growth_slope
 from bhyt_pl.study.plan import (
     SELECTION_SEED,
@@ -30,7 +30,9 @@ from bhyt_pl.study.plan import (
     select,
     selection_specs,
 )
+from bhyt_pl.study.protocol import run_depth_study
 from bhyt_pl.study.runner import RunResult, RunSpec, run_dirname
+from bhyt_pl.study.scheduler import Scheduler
 
 BASE = RunSpec(label="base", norm="rmsnorm", seed=42, data_seed=42)
 GRID = (1e-3, 3e-3, 1e-2)
@@ -85,7 +87,7 @@ def fake_runner(loss: Callable[[RunSpec], float], out: Path, trained: list[str])
 
 def study(groups, loss, out: Path, lrs=GRID, n_seeds=3, extensions=1, matched=None, trained=None):
     trained = [] if trained is None else trained
-    scheduler = Scheduler(_InlineExecutor(), fake_runner(loss, out, trained), out, resume=True)
+    scheduler = Scheduler(InlineLauncher(fake_runner(loss, out, trained)), out, resume=True)
     design = StudyDesign(tuple(groups), tuple(lrs), n_seeds, extensions)
     results = run_depth_study(design, BASE, scheduler, matched_lrs=matched)
     return results, design, trained, scheduler
@@ -200,7 +202,7 @@ def test_only_the_reported_runs_measure_stability_and_layer_importance(tmp_path:
     groups = [parse_group("rmsnorm"), parse_group("bhyt")]
     lrs = (1e-3, 3e-3, 1e-2, 3e-2)
     loss = lambda spec: v_loss(1e-2 if spec.group == "rmsnorm" else 1e-3)(spec)  # noqa: E731 - bhyt: an extension
-    scheduler = Scheduler(_InlineExecutor(), fake_runner(loss, tmp_path, []), tmp_path, resume=True)
+    scheduler = Scheduler(InlineLauncher(fake_runner(loss, tmp_path, [])), tmp_path, resume=True)
     design = StudyDesign(tuple(groups), lrs, 2, 1)
     results = run_depth_study(design, measured, scheduler)
     assert design.matched_lrs == (1e-2, 3e-2) and design.selections["bhyt"].extensions
@@ -246,7 +248,7 @@ def test_finished_runs_are_reused_across_invocations_sharing_out(tmp_path: Path)
     # a changed spec (another step count) is not the finished run: it trains again
     stored = json.loads((tmp_path / "runs" / "rmsnorm@lr0.001-s0" / "result.json").read_text())
     assert stored["spec"] == json.loads(json.dumps(asdict(replace(BASE, **_fields(stored["spec"])))))
-    changed = Scheduler(_InlineExecutor(), fake_runner(v_loss(3e-3), tmp_path, retrained := []), tmp_path, True)
+    changed = Scheduler(InlineLauncher(fake_runner(v_loss(3e-3), tmp_path, retrained := [])), tmp_path, True)
     changed.submit([RunSpec(**{**stored["spec"], "steps": 999})])
     list(changed.finished())
     assert retrained == ["rmsnorm@lr0.001-s0"] and changed.reused == []

@@ -3,7 +3,6 @@ against full forwards with a block removed, and the fast training path against t
 
 from __future__ import annotations
 
-from functools import partial
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,8 @@ from torch import nn
 
 from bhyt_pl.module import LlamaLM
 from bhyt_pl.study import command
-from bhyt_pl.study.runner import COMPILE_LOSS_TOLERANCE, RunSpec, TrainerSettings, layer_importance, run_one
+from bhyt_pl.study.measure import layer_importance
+from bhyt_pl.study.runner import COMPILE_LOSS_TOLERANCE, RunSpec, TrainerSettings, run_one
 
 
 def _module(norm: str) -> LlamaLM:
@@ -70,10 +70,9 @@ def test_layer_importance_matches_full_forwards_without_each_block() -> None:
 def test_compiled_run_matches_the_eager_run_within_the_documented_tolerance(norm: str, tmp_path: Path) -> None:
     from torch._dynamo.utils import counters
 
-    args = command.parser().parse_args(["--quick", "--seq-len", "32", "--batch-size", "2", "--shuffle-buffer", "4"])
-    budget, _ = command.resolve(args)
-    factory = partial(command.make_datamodule, args, budget)
-    batches = command.fixed_batches(factory(42), 1)
+    setup = command.prepare(["--quick", "--seq-len", "32", "--batch-size", "2", "--shuffle-buffer", "4"])
+    factory = setup.data
+    batches = setup.validation_batches()[:1]
     spec = RunSpec(
         label=norm,
         norm=norm,

@@ -12,11 +12,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from bhyt_pl.study import command, main, runner
+from bhyt_pl.study import main, runner
+from bhyt_pl.study.callbacks import DivergenceMonitor
 from bhyt_pl.study.command import parser, resolve
 from bhyt_pl.study.design import check_disjoint, parse_group
+from bhyt_pl.study.measure import log_slope
 from bhyt_pl.study.report import GROUP_COLUMNS
-from bhyt_pl.study.runner import DivergenceMonitor, log_slope
 
 # a tiny budget on top of --quick: 2 layers, a few steps of 2 x 32 tokens
 TINY = ["--quick", "--layers", "2", "--steps", "3", "--seq-len", "32", "--batch-size", "2", "--val-batches", "4"]
@@ -94,7 +95,7 @@ def test_quick_study_protocol_v3_end_to_end_and_resume(tmp_path: Path, monkeypat
     def no_training(*args, **kwargs):
         raise AssertionError("a finished run was retrained")
 
-    monkeypatch.setattr(command, "run_one", no_training)
+    monkeypatch.setattr(runner, "run_one", no_training)
     before = (out / "results.json").read_text()
     assert main(argv) == 0
     again = json.loads((out / "results.json").read_text())
@@ -110,13 +111,13 @@ def test_resume_retrains_only_the_missing_run(tmp_path: Path, monkeypatch: pytes
     assert main(argv) == 0
     (out / "runs" / "rmsnorm@lr0.001-s1" / "result.json").unlink()  # as if killed during the first evaluation seed
     trained: list[str] = []
-    real = command.run_one
+    real = runner.run_one
 
     def counting(spec, *args, **kwargs):
         trained.append(spec.label)
         return real(spec, *args, **kwargs)
 
-    monkeypatch.setattr(command, "run_one", counting)
+    monkeypatch.setattr(runner, "run_one", counting)
     assert main(argv) == 0
     assert trained == ["rmsnorm@lr0.001-s1"]
 
@@ -249,18 +250,6 @@ def test_a_candidate_in_two_groups_exits_2_naming_both_before_any_run(
     with pytest.raises(ValueError, match="candidate 'dyt:alpha_attn=1.0' is in both group"):
         check_disjoint(groups)
     check_disjoint([parse_group("dyt:alpha_attn=0.5|1.0"), parse_group("dyt:alpha_attn=2.0")])  # disjoint: fine
-
-
-def test_progress_line_says_run_k_of_n_and_the_time_left() -> None:
-    """``study`` printed nothing between runs (a default study takes about 50 minutes)."""
-    assert command.progress_line(3, 10, 60.0) == "study: run 3 of 10 done; about 2.3 min left"  # 20 s a run, 7 left
-    assert command.progress_line(3, 10, 60.0, reused=1) == "study: run 3 of 10 done; about 3.5 min left"
-    assert command.progress_line(9, 10, 18.0) == "study: run 9 of 10 done; about 2 s left"
-    assert command.progress_line(10, 10, 100.0) == "study: run 10 of 10 done"
-    assert command.progress_line(2, 10, 0.0, reused=2) == "study: run 2 of 10 done"  # no pace yet
-    # while the protocol may still add runs (grid extensions, the matched arm) both figures are lower bounds
-    line = command.progress_line(3, 10, 60.0, final=False)
-    assert line == "study: run 3 of at least 10 done; about 2.3 min left (at least)"
 
 
 def test_quick_defaults_are_smaller_than_full() -> None:
