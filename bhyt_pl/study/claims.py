@@ -25,14 +25,13 @@ from typing import Any
 
 from bhyt_pl.study import stats
 from bhyt_pl.study.design import StudyDesign, StudyRuns
-from bhyt_pl.study.metrics import METRICS, snapshots, value
+from bhyt_pl.study.metrics import metric, snapshots, value
 from bhyt_pl.study.runner import RunResult
 
 __all__ = [
     "ARMS",
     "CLAIMS",
     "CONDITIONS",
-    "MARGINS",
     "ClaimResult",
     "ClaimSpec",
     "Test",
@@ -40,20 +39,6 @@ __all__ = [
 ]
 
 ARMS = ("best", "matched")
-
-MARGINS: dict[str, float] = {
-    "val_loss": 0.02,
-    "magnitude": 0.2,
-    "median_magnitude": 0.2,
-    "magnitude_per_coordinate": 0.2,
-    "variance": 0.4,
-    "magnitude_growth": 0.2,
-    "variance_growth": 0.4,
-}
-"""Equivalence / non-inferiority margin of each metric (docs/method.md, section 10 says why): nats for the
-loss (below most published gaps between schemes), ln units for magnitudes and growth (0.2: a 22 % ratio,
-under half the smallest scheme effect the v2 study measured), twice that for variances (a squared scale)."""
-
 
 @dataclass(frozen=True)
 class ClaimSpec:
@@ -63,10 +48,10 @@ class ClaimSpec:
         statement: the claim in the project's words.
         source: the paper statement it tests (``abstract``, ``Figure 3``, ``Table 1``, ``theorem``).
         target, baseline: the roles compared (``d = target - baseline``).
-        metric: a ``bhyt_pl.study.metrics.METRICS`` name.
+        metric: a ``bhyt_pl.study.metrics`` name: ``val_loss`` or a summary of a registered per-layer statistic.
         arm: ``best`` or ``matched``.
         rule: ``lower``, ``higher``, ``no_worse`` or ``equivalent`` (``stats.rule_p_values``).
-        margin: for ``no_worse`` and ``equivalent``; default ``MARGINS[metric]``.
+        margin: for ``no_worse`` and ``equivalent``; default the metric's own (its statistic's declaration).
         condition: a ``CONDITIONS`` name the target's runs must meet for the claim to apply (else the
             verdict is "outside the theorem").
         bound: the claim compares trained layers with a bound the paper states at initialisation; the
@@ -85,8 +70,10 @@ class ClaimSpec:
     bound: bool = False
 
     def __post_init__(self) -> None:
-        if self.metric not in METRICS:
-            raise ValueError(f"claim {self.statement!r}: metric must be one of {sorted(METRICS)}, got {self.metric!r}")
+        try:
+            metric(self.metric)
+        except ValueError as exc:
+            raise ValueError(f"claim {self.statement!r}: {exc}") from None
         if self.arm not in ARMS:
             raise ValueError(f"claim {self.statement!r}: arm must be one of {ARMS}, got {self.arm!r}")
         if self.rule not in stats.RULES:
@@ -100,7 +87,7 @@ class ClaimSpec:
     def margin_value(self) -> float | None:
         if self.rule not in ("no_worse", "equivalent"):
             return None
-        return self.margin if self.margin is not None else MARGINS.get(self.metric)
+        return self.margin if self.margin is not None else metric(self.metric).margin
 
 
 def _variance_bound(runs: Sequence[RunResult]) -> tuple[bool | None, str]:

@@ -2,13 +2,11 @@
 fixed batches (in eval mode, no gradients), a trajectory point, layer importance, StabilityMonitor's columns from
 its logged metrics, and the scheme's variance-bound diagnostic.
 
-- depth statistics (docs/method.md, section 6, paper Figure 3): ``DepthStatsCollector`` on every fixed validation
-  batch, in eval mode (magnitude = mean over tokens of ``||y_t||_2``, variance = mean over tokens of
-  ``Var_d(y_t)``, ``y`` a block output), with the validation loss of the same forward passes (``val_loss``);
-- robust depth statistics (same pass): ``median_magnitude`` (median over the tokens of all batches of
-  ``||y_t||_2``, position 0 left out: the first token often carries a massive activation),
-  ``magnitude_top2_removed`` (mean ``||y_t||_2`` after dropping the two channels with the largest mean ``|y|``
-  over the batch: the one or two massive channels the first blocks write dominate the plain magnitude);
+- depth statistics (docs/method.md, section 6, paper Figure 3): every per-layer statistic declared in
+  ``bhyt_pl.callbacks.layer_stats`` (magnitude = mean over tokens of ``||y_t||_2``, variance = mean over tokens
+  of ``Var_d(y_t)``, ``y`` a block output; the median-token magnitude; the magnitude without the two largest
+  channels; ...), measured by ``DepthStatsCollector`` on every fixed validation batch in eval mode, with the
+  validation loss of the same forward passes (``val_loss``);
 - layer importance: the loss on the first validation batch with block ``i`` replaced by the identity, minus the
   full model's, for every ``i`` (one block at a time);
 - stability: the spike counts, the layer with the largest gradient norm and the last layer's attention entropy at
@@ -25,45 +23,22 @@ import torch.nn.functional as F
 from torch import nn
 
 from bhyt_pl.callbacks import DepthStatsCollector
-from bhyt_pl.callbacks.layer_metrics import layer_key, layer_series, layer_width, split_layer_key
+from bhyt_pl.callbacks.layer_metrics import layer_key, layer_width, split_layer_key
+from bhyt_pl.callbacks.layer_stats import LayerStatistic, layer_profile, statistics
 from bhyt_pl.module import LlamaLM
 
 __all__ = [
-    "TRAJECTORY_STATS",
     "depth_statistics",
     "layer_importance",
-    "log_slope",
     "stability_summary",
     "trajectory_point",
+    "trajectory_statistics",
     "variance_bound",
 ]
 
-TRAJECTORY_STATS = ("magnitude", "variance", "median_magnitude", "magnitude_top2_removed", "saturation")
-"""Per-layer statistics kept at every trajectory point (``saturation``: mean over the tanh sites); each point
-also has its ``step`` and ``val_loss``."""
-
-
-def _robust_hooks(model: nn.Module, norms: dict[str, list[torch.Tensor]], top2: dict[str, list[float]], width: int):
-    """Forward hooks on every block that collect, per batch, its output's token norms (position 0 left out) and
-    the token norms without the batch's two largest mean-``|y|`` channels (summed, with the token count)."""
-
-    def make(layer: str):
-        def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> None:
-            y = output.detach().float()  # [B, T, d]
-            if y.shape[1] > 1:  # position 0 left out
-                norms.setdefault(layer, []).append(y[:, 1:].norm(dim=-1).flatten())
-            if y.shape[-1] > 2:
-                channel_mean = y.abs().flatten(0, -2).mean(dim=0)  # [d]
-                keep = torch.ones_like(channel_mean, dtype=torch.bool)
-                keep[channel_mean.topk(2).indices] = False
-                kept = y[..., keep].norm(dim=-1)  # [B, T]
-                total = top2.setdefault(layer, [0.0, 0.0])
-                total[0] += float(kept.sum())
-                total[1] += kept.numel()
-
-        return hook
-
-    return [block.register_forward_hook(make(layer_key(i, width))) for i, block in enumerate(model.layers)]
+def trajectory_statistics() -> tuple[LayerStatistic, ...]:
+    """The registered statistics a trajectory point records (declared ``trajectory=True``)."""
+    return tuple(s for s in statistics() if s.trajectory)
 
 
 @torch.no_grad()
@@ -71,11 +46,10 @@ def _robust_hooks(model: nn.Module, norms: dict[str, list[torch.Tensor]], top2: 
 def depth_statistics(
     module: LlamaLM, batches: dict[str, torch.Tensor] | list[dict[str, torch.Tensor]]
 ) -> dict[str, float]:
-    """``DepthStatsCollector`` statistics of ``module``'s Llama over ``batches`` (token-weighted means over all of
-    them), in eval mode, plus the robust magnitudes ``median_magnitude`` (median over every token of every
-    batch) and ``magnitude_top2_removed`` (module docstring), and ``val_loss``: the token-weighted next-token
-    cross-entropy of the same forward passes (as ``LlamaLM.validation_step``). Compiled blocks run
-    eagerly here: the hooks see exactly what an eager run's do.
+    """Every registered per-layer statistic (``bhyt_pl.callbacks.layer_stats``) of ``module``'s Llama over
+    ``batches``, reduced over all their tokens, in eval mode, and ``val_loss``: the token-weighted next-token
+    cross-entropy of the same forward passes (as ``LlamaLM.validation_step``). Compiled blocks run eagerly here:
+    the hooks see exactly what an eager run's do.
 
     Returns:
         ``{"magnitude/layer_00": value, "variance/layer_00": ..., ..., "val_loss": value}``.
@@ -84,68 +58,37 @@ def depth_statistics(
     model = module.model
     was_training = model.training
     model.eval()
-    norms: dict[str, list[torch.Tensor]] = {}
-    top2: dict[str, list[float]] = {}
     total, count = 0.0, 0
     try:
         device = next(model.parameters()).device
-        collector = DepthStatsCollector(model)
-        handles = _robust_hooks(model, norms, top2, collector.width)
-        try:
-            with collector:
-                for batch in batches:
-                    logits = model(batch["input_ids"].to(device))
-                    if "labels" in batch:
-                        labels = batch["labels"].to(device)
-                        total += float(
-                            F.cross_entropy(
-                                logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100, reduction="sum"
-                            )
+        collector = DepthStatsCollector(model, statistics=[s.name for s in statistics() if s.collected])
+        with collector:
+            for batch in batches:
+                logits = model(batch["input_ids"].to(device))
+                if "labels" in batch:
+                    labels = batch["labels"].to(device)
+                    total += float(
+                        F.cross_entropy(
+                            logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100, reduction="sum"
                         )
-                        count += int((labels != -100).sum())
-        finally:
-            for handle in handles:
-                handle.remove()
+                    )
+                    count += int((labels != -100).sum())
         out = collector.compute()
-        for i in range(len(model.layers)):
-            layer = layer_key(i, collector.width)
-            values = norms.get(layer)
-            out[f"median_magnitude/{layer}"] = float(torch.cat(values).median()) if values else math.nan
-            if layer in top2:
-                out[f"magnitude_top2_removed/{layer}"] = top2[layer][0] / max(top2[layer][1], 1)
         out["val_loss"] = total / count if count else math.nan
         return out
     finally:
         model.train(was_training)
 
-def log_slope(values: list[float], first_layer: int = 2) -> float:
-    """Least-squares slope of ``ln(value)`` against the 1-based layer index, from ``first_layer`` to the last
-    (the growth rate of the magnitude with depth once the first blocks have written their outliers)."""
-    points = [(i + 1, math.log(v)) for i, v in enumerate(values) if i + 1 >= first_layer and v > 0 and math.isfinite(v)]
-    if len(points) < 2:
-        return math.nan
-    mx = sum(x for x, _ in points) / len(points)
-    my = sum(y for _, y in points) / len(points)
-    sxx = sum((x - mx) ** 2 for x, _ in points)
-    return sum((x - mx) * (y - my) for x, y in points) / sxx
-
 
 def trajectory_point(step: int, stats: dict[str, float]) -> dict[str, Any]:
-    """The compact record of one trajectory point: ``TRAJECTORY_STATS`` per layer and the log-magnitude slope."""
+    """The compact record of one trajectory point: the profile of every statistic recorded along training (one
+    value per layer; a statistic of several sites of a layer: their mean), its ``step`` and ``val_loss``."""
     point: dict[str, Any] = {"step": step}
-    for stat in TRAJECTORY_STATS:
-        if stat == "saturation":  # mean over the tanh sites present in each layer
-            layers: dict[int, list[float]] = {}
-            for key, value in stats.items():
-                if key.startswith("saturation/"):
-                    layers.setdefault(int(key.rsplit("_", 1)[1]), []).append(value)
-            point[stat] = [sum(v) / len(v) for _, v in sorted(layers.items())]
-        else:
-            point[stat] = layer_series(stats, stat)
-    point["magnitude_slope"] = log_slope(point["magnitude"])
-    point["median_magnitude_slope"] = log_slope(point["median_magnitude"])
+    for stat in trajectory_statistics():
+        point[stat.name] = layer_profile(stats, stat.name)
     point["val_loss"] = stats.get("val_loss", math.nan)
     return point
+
 
 def stability_summary(metrics: dict[str, list[tuple[int, float]]], n_layers: int) -> dict[str, Any]:
     """StabilityMonitor's columns from its logged metrics: final spike counts and, per logging step, the
