@@ -112,7 +112,8 @@ REMOVED_FLAGS = {
     "--data-seed": "--seeds N (seed i shuffles the data with 42 + i)",
     "--lr": "--lrs LR [LR ...] (the learning-rate grid; one value: that learning rate for every scheme)",
 }
-"""Flags of study v1 and what replaces them (a removed flag is an error naming its replacement)."""
+"""Flags the study does not take and what replaces them. Each is declared so that using it is an error naming its
+replacement: undeclared, argparse would read ``--seed 43`` as an abbreviation of ``--seeds`` and run 43 seeds."""
 
 
 @dataclass(frozen=True)
@@ -278,7 +279,7 @@ def parser() -> argparse.ArgumentParser:
         "--compile",
         action=argparse.BooleanOptionalAction,
         default=COMPILE_DEFAULT,
-        help="torch.compile each block of every run; --no-compile: eager, as study v2 ran (docs/performance.md, "
+        help="torch.compile each block of every run; --no-compile: eager (docs/performance.md, "
         "'Study run': speed-up and how far the losses may differ)",
     )
     hw.add_argument("--threads", type=int, default=None, help="torch CPU threads with --workers 1 (default: torch's)")

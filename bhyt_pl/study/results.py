@@ -19,7 +19,7 @@ from bhyt_pl.study.runner import RunResult
 
 __all__ = ["StudyRecord", "load"]
 
-# a design recorded before it carried its own frame: these fields were in ``meta`` only
+# a design written without its frame (the committed docs/depth_study/results.json): ``meta`` holds these fields
 _FRAME_FROM_META = {"groups": "schemes", "lrs": "lrs", "seeds": "seeds", "extensions": "extensions"}
 
 

@@ -28,6 +28,7 @@ import math
 import re
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -186,7 +187,7 @@ def run_dirname(label: str) -> str:
 
 def run_one(
     spec: RunSpec,
-    datamodule_factory: Any,
+    datamodule_factory: Callable[[int], L.LightningDataModule],
     val_batches: list[dict[str, torch.Tensor]],
     settings: TrainerSettings,
     out_dir: Path,
