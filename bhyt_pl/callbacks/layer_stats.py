@@ -32,6 +32,11 @@ Both growth summaries skip the first blocks and are 0 for a profile that stays f
 section 10). The metric of a summary is named ``<name>`` (``last``, ``layer_mean``), ``<name>_growth``,
 ``<name>_growth_slope`` or ``<name>_slope``.
 
+The statistics declared at the end of this module are registered on import, in the order of the study's columns and
+panels. ``register_statistic`` called elsewhere (a notebook, a test) reaches this process only: the study's runs in
+this process (``--workers 1``) measure it, its spawned workers (``--workers N``) import this module afresh and do
+not, so a statistic they must measure is declared here.
+
 Example:
     >>> import torch
     >>> rms = LayerStatistic(

@@ -7,8 +7,9 @@ selections, matched rates, runs by key); ``plan`` (the protocol's rules and run 
 protocol), ``local`` (the process-pool and in-process launchers), ``scheduler`` (runs handed to a launcher, finished
 runs reused) and ``protocol`` (the drivers: protocol v3, a fixed run list); ``metrics`` (per-run scalars from one
 snapshot) and ``claims`` (the claims table and its evaluation); ``results`` (``results.json`` read and written);
-``report`` (tables, figures, ``report.md``); ``data`` (the study's data); ``command`` (argument parsing and
-``main``)."""
+``markdown`` (tables as column entries, numbers), ``tables``, ``figures`` and ``report`` (the document that puts
+them together); ``data`` (the study's data); ``command`` (argument parsing and ``main``). The per-layer statistics
+the study measures, summarises and shows are declared in ``bhyt_pl.callbacks.layer_stats``."""
 
 from bhyt_pl.study.command import main
 

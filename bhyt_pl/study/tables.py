@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from bhyt_pl.callbacks.layer_metrics import split_layer_key
 from bhyt_pl.callbacks.layer_stats import ByScheme
 from bhyt_pl.study import stats
-from bhyt_pl.study.claims import ClaimResult
+from bhyt_pl.study.claims import ClaimResult, Test
 from bhyt_pl.study.design import RunKey, StudyDesign, StudyRuns, rate_key
 from bhyt_pl.study.markdown import Column, ci, markdown_table, num, short_ci, table
 from bhyt_pl.study.metrics import Metric, metric, metrics, value
@@ -497,7 +497,7 @@ def _rule_text(c: ClaimResult) -> str:
     return "95% CI < 0" if c.spec.rule == "lower" else "95% CI > 0"
 
 
-def _seeds_for_a_decisive_interval(c: ClaimResult, t) -> str:  # noqa: ANN001 - a claims.Test
+def _seeds_for_a_decisive_interval(c: ClaimResult, t: Test) -> str:
     """The seeds a decisive interval would take at the measured mean and spread (an inconclusive test only)."""
     if t.verdict != stats.INCONCLUSIVE or not t.difference.defined:
         return "-"
@@ -517,7 +517,7 @@ def _seeds_for_a_decisive_interval(c: ClaimResult, t) -> str:  # noqa: ANN001 - 
 def detail_table(items: Sequence[ClaimResult]) -> str:
     """Every (claim, rate) test: metric, rule with its margin, pairs, 95 % and 90 % intervals, p-values (raw and
     Holm-adjusted) and the seeds a decisive interval would take at the measured mean and spread."""
-    columns: list[Column[tuple]] = [
+    columns: list[Column[tuple[ClaimResult, Test]]] = [
         Column("claim", lambda ct: claim_name(ct[0])),
         Column("metric", lambda ct: ct[0].spec.metric + (" (ln ratio)" if metric(ct[0].spec.metric).log else "")),
         Column("rate", lambda ct: ct[1].rate),
@@ -543,7 +543,7 @@ def _point(p: dict) -> str:
 def training_table(items: Sequence[ClaimResult]) -> str:
     """Every (claim, rate) test at each trajectory point, as one letter per point (R reproduced, N not
     reproduced, . inconclusive), with the difference at the first and last points."""
-    columns: list[Column[tuple]] = [
+    columns: list[Column[tuple[ClaimResult, Test]]] = [
         Column("claim", lambda ct: claim_name(ct[0])),
         Column("rate", lambda ct: ct[1].rate),
         Column(

@@ -86,6 +86,13 @@ def test_quick_study_protocol_v3_end_to_end_and_resume(tmp_path: Path, monkeypat
     bound = next(r["variance_bound"] for r in runs.values() if r["variance_bound"])
     assert bound["n_layers"] == 2 and bound["threshold"] == pytest.approx(1 / math.sqrt(2))
     assert "| lr 0.001 | lr 0.003 |" in text and "**" in text
+    # the report again from results.json alone: the same text, every figure, no run folder read
+    rebuilt = tmp_path / "rebuilt"
+    rebuilt.mkdir()
+    (rebuilt / "results.json").write_text((out / "results.json").read_text())
+    assert main(["--report-from", str(rebuilt)]) == 0
+    assert (rebuilt / "report.md").read_text() == text
+    assert sorted(p.name for p in rebuilt.glob("*.png")) == sorted(p.name for p in out.glob("*.png"))
 
     # resume: every run finished, so a second invocation trains nothing and reports the same runs
     def no_training(*args, **kwargs):
@@ -179,6 +186,8 @@ def test_quick_sweep_grid(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> N
     text = (out / "report.md").read_text()
     assert "| scheme | layers | lr 0.001 | lr 100 |" in text and "**diverged** @" in text
     assert (out / "sweep_grid.png").stat().st_size > 0
+    (out / "report.md").unlink()
+    assert main(["--report-from", str(out)]) == 0 and (out / "report.md").read_text() == text
 
 
 @pytest.mark.parametrize(
