@@ -407,9 +407,7 @@ for _stat in (
         skip_tokens=1,
         trajectory=True,
         summaries=(
-            Summary(
-                "last", "median token", _LN_RATIO, "last-layer median-token magnitude (position 0 excluded)"
-            ),
+            Summary("last", "median token", _LN_RATIO, "last-layer median-token magnitude (position 0 excluded)"),
         ),
     ),
     LayerStatistic(
@@ -457,9 +455,13 @@ for _stat in (
         monitor=True,
     ),
     LayerStatistic(
-        "max_abs", "max |y| over the batch", "the block output's largest entry", OnBlockOutput(_max_abs), MAX,
+        "max_abs",
+        "max |y| over the batch",
+        "the block output's largest entry",
+        OnBlockOutput(_max_abs),
+        reduction=MAX,
         monitor=True,
-    ),  # fmt: skip
+    ),
     LayerStatistic(
         "site_rms",
         "mean over tokens of sqrt(mean_d x_t^2)",
@@ -469,3 +471,4 @@ for _stat in (
     ),
 ):
     register_statistic(_stat)
+del _stat

@@ -47,7 +47,7 @@ import torch
 from bhyt_pl.config import PRESETS, LlamaConfig
 from bhyt_pl.study import report, runner
 from bhyt_pl.study.data import StudyData, fixed_batches, unigram_entropy
-from bhyt_pl.study.design import SchemeGroup, StudyDesign, check_disjoint, parse_group
+from bhyt_pl.study.design import SchemeGroup, StudyDesign, check_disjoint, parse_group, rate_key
 from bhyt_pl.study.local import InlineLauncher, ProcessPoolLauncher
 from bhyt_pl.study.plan import sweep_specs
 from bhyt_pl.study.protocol import run_all, run_depth_study
@@ -354,7 +354,8 @@ def resolve(args: argparse.Namespace) -> tuple[Budget, dict[str, Any]]:
         problems.append(f"--extensions must be >= 0, got {budget.extensions}")
     if args.matched_lrs is not None and any(not lr > 0 for lr in args.matched_lrs):
         problems.append(f"--matched-lrs must be > 0, got {args.matched_lrs}")
-    if args.matched_lrs is not None and len(set(args.matched_lrs)) != len(args.matched_lrs):
+    # rates are compared as run labels write them (6 significant digits): 1e-3 and 0.0010000001 are one rate
+    if args.matched_lrs is not None and len({rate_key(lr) for lr in args.matched_lrs}) != len(args.matched_lrs):
         problems.append(f"--matched-lrs has duplicates (each would be tested twice): {args.matched_lrs}")
     for item in args.roles:
         if "=" not in item:
@@ -371,8 +372,8 @@ def resolve(args: argparse.Namespace) -> tuple[Budget, dict[str, Any]]:
         problems.append(f"--depths must be >= 1, got {budget.depths}")
     if any(not lr > 0 for lr in budget.lrs):
         problems.append(f"--lrs must be > 0, got {budget.lrs}")
-    if len(set(budget.lrs)) != len(budget.lrs):
-        problems.append(f"--lrs has duplicates: {budget.lrs}")
+    if len({rate_key(lr) for lr in budget.lrs}) != len(budget.lrs):
+        problems.append(f"--lrs has duplicates (rates equal to 6 significant digits share a run label): {budget.lrs}")
     if args.max_loss is not None and not args.max_loss > 0:
         problems.append(f"--max-loss must be > 0, got {args.max_loss}")
     overrides: dict[str, Any] = {}

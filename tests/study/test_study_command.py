@@ -200,6 +200,7 @@ def test_quick_sweep_grid(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> N
         (["--sweep", "--layers", "4"], "--layers does not apply to --sweep"),
         (["--lrs", "0"], "--lrs must be > 0"),
         (["--lrs", "1e-3", "1e-3"], "--lrs has duplicates"),
+        (["--lrs", "1e-3", "0.0010000001"], "--lrs has duplicates .*share a run label"),
         (["--seeds", "0"], "--seeds must be >= 1"),
         (["--workers", "0"], "--workers must be >= 1"),
         (["--val-batches", "2"], "--val-batches must be >= 4"),
