@@ -2,15 +2,17 @@
 
 A RUN is a run version folder (``runs/tiny-bhyt/version_0``, its TensorBoard event files), a run folder
 (``runs/tiny-bhyt``: its newest version), or a depth study's ``results.json`` (or its folder), whose runs
-``--only`` filters by label. The figure (``--out``, PNG) has six panels:
+``--only`` filters by label. The figure (``--out``, PNG) has these panels:
 
 - train and val loss against training tokens (``config.yaml``'s global batch x sequence length x steps;
   steps where a run has no ``config.yaml``);
-- the last logged depth profile: ``depth/magnitude`` and ``depth/variance`` against layer;
+- the last logged depth profile of every per-layer statistic ``DepthStatsMonitor`` logs by default that has a
+  last-layer summary (``bhyt_pl.callbacks.layer_stats``: ``depth/magnitude`` and ``depth/variance``) against layer;
 - the last stability profile: ``stability/grad_norm`` and ``stability/attn_entropy`` against layer.
 
 Beside it (same name, ``.md``) a markdown table of each run's final values: last logged step, tokens, train and val
-loss, last-layer magnitude and variance, loss and gradient-norm spike counts; the table is printed too.
+loss, the last layer's value of each of those statistics, loss and gradient-norm spike counts; the table is printed
+too.
 Runs are labelled by their norm and norm arguments (``hparams.yaml``). Runs of different lengths and runs
 still in progress (event files being written) are read as they are: each curve ends where its run is.
 
@@ -32,12 +34,42 @@ from typing import Any
 import yaml
 
 from bhyt_pl.callbacks.layer_metrics import layer_series, split_layer_key
+from bhyt_pl.callbacks.layer_stats import LayerStatistic, OnBlockOutput, statistics
 from bhyt_pl.errors import UsageError
 
-__all__ = ["RunData", "compare", "load_event_run", "load_runs", "load_study_runs", "main", "markdown_table"]
+__all__ = [
+    "STABILITY_PROFILES",
+    "RunData",
+    "compare",
+    "depth_statistics",
+    "load_event_run",
+    "load_runs",
+    "load_study_runs",
+    "main",
+    "markdown_table",
+    "profiles",
+]
 
-PROFILES = ("depth/magnitude", "depth/variance", "stability/grad_norm", "stability/attn_entropy")
-"""Per-layer statistics drawn against depth: the last logged profile of each."""
+STABILITY_PROFILES = (
+    ("stability/grad_norm", "block gradient norm", True),
+    ("stability/attn_entropy", "attention entropy (nats)", False),
+)
+"""StabilityMonitor's per-layer statistics drawn against depth: ``(tag, y label, log scale)``."""
+
+
+def depth_statistics() -> tuple[LayerStatistic, ...]:
+    """The block statistics compared: logged by ``DepthStatsMonitor`` by default, with a last-layer summary."""
+    return tuple(
+        s
+        for s in statistics()
+        if s.monitor and isinstance(s.measure, OnBlockOutput) and any(m.kind == "last" for m in s.summaries)
+    )
+
+
+def profiles() -> list[str]:
+    """Per-layer statistics drawn against depth (the last logged profile of each): the depth statistics'
+    ``depth/<name>``, then StabilityMonitor's."""
+    return [f"depth/{s.name}" for s in depth_statistics()] + [tag for tag, _, _ in STABILITY_PROFILES]
 
 
 @dataclass
@@ -137,7 +169,7 @@ def load_event_run(path: str | Path) -> RunData:
     tags = set(events.Tags()["scalars"])
     run.train_loss = series("train/loss") if "train/loss" in tags else []
     run.val_loss = series("val/loss") if "val/loss" in tags else []
-    for stat in PROFILES:
+    for stat in profiles():
         layers = sorted((split[1], tag) for tag in tags if (split := split_layer_key(tag)) and split[0] == stat)
         if not layers:
             continue
@@ -172,10 +204,10 @@ def load_study_runs(path: str | Path, only: Sequence[str] = ()) -> list[RunData]
         if result.get("val_loss") is not None:
             run.val_loss = [(int(result.get("steps_done") or run.steps), float(result["val_loss"]))]
         depth = result.get("depth_final") or {}
-        for stat in ("magnitude", "variance"):
-            layers = layer_series(depth, stat)
+        for stat in depth_statistics():
+            layers = layer_series(depth, stat.name)
             if layers:
-                run.profiles[f"depth/{stat}"] = (run.steps, layers)
+                run.profiles[f"depth/{stat.name}"] = (run.steps, layers)
         stability = result.get("stability") or {}
         for key in ("loss_spikes", "grad_norm_spikes"):
             if stability.get(key) is not None:
@@ -213,20 +245,12 @@ def _fmt(value: float | None, digits: int = 4) -> str:
 
 def markdown_table(runs: Sequence[RunData]) -> str:
     """Final values per run: the last logged value of each quantity (``-`` where the run has none)."""
-    header = [
-        "run",
-        "last step",
-        "tokens",
-        "train loss",
-        "val loss",
-        "last-layer magnitude",
-        "last-layer variance",
-        "loss spikes",
-        "grad-norm spikes",
-    ]
+    depth = depth_statistics()
+    header = ["run", "last step", "tokens", "train loss", "val loss"]
+    header += [f"last-layer {s.name.replace('_', ' ')}" for s in depth] + ["loss spikes", "grad-norm spikes"]
     rows = []
     for r in runs:
-        magnitude, variance = r.profiles.get("depth/magnitude"), r.profiles.get("depth/variance")
+        last_layer = [r.profiles.get(f"depth/{s.name}") for s in depth]
         rows.append(
             [
                 r.label,
@@ -234,8 +258,7 @@ def markdown_table(runs: Sequence[RunData]) -> str:
                 "-" if r.tokens is None else f"{r.tokens:,}",
                 _fmt(r.train_loss[-1][1] if r.train_loss else None),
                 _fmt(r.val_loss[-1][1] if r.val_loss else None),
-                _fmt(magnitude[1][-1] if magnitude else None),
-                _fmt(variance[1][-1] if variance else None),
+                *(_fmt(profile[1][-1] if profile else None) for profile in last_layer),
                 _fmt(r.scalars.get("stability/loss_spikes"), 6),
                 _fmt(r.scalars.get("stability/grad_norm_spikes"), 6),
             ]
@@ -245,12 +268,18 @@ def markdown_table(runs: Sequence[RunData]) -> str:
 
 
 def compare_figure(runs: Sequence[RunData]) -> Any:
-    """The six-panel figure (a plain matplotlib ``Figure``, no pyplot state)."""
+    """The figure (a plain matplotlib ``Figure``, no pyplot state): the two losses, then one panel per profile
+    (``profiles``), on two rows."""
+    import math
+
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    figure = Figure(figsize=(15, 8.5), dpi=100, layout="constrained")
-    axes = figure.subplots(2, 3).ravel()
+    panels = [(f"depth/{s.name}", f"{s.name.replace('_', ' ')} ({s.unit})", True) for s in depth_statistics()]
+    panels += list(STABILITY_PROFILES)
+    columns = math.ceil((2 + len(panels)) / 2)
+    figure = Figure(figsize=(5 * columns, 8.5), dpi=100, layout="constrained")
+    axes = figure.subplots(2, columns).ravel()
     colors = [f"C{i % 10}" for i in range(len(runs))]
     by_tokens = all(r.tokens_per_step is not None for r in runs)
     x_label = "training tokens" if by_tokens else "step"
@@ -262,13 +291,7 @@ def compare_figure(runs: Sequence[RunData]) -> Any:
                 xs, ys = [s * scale for s, _ in points], [v for _, v in points]
                 ax.plot(xs, ys, color=color, label=run.label, marker="o" if len(points) < 12 else None, ms=3)
         ax.set(title=title, xlabel=x_label, ylabel="loss (nats)")
-    panels = (
-        (axes[2], "depth/magnitude", "magnitude (mean token L2 norm)", True),
-        (axes[3], "depth/variance", "variance across d", True),
-        (axes[4], "stability/grad_norm", "block gradient norm", True),
-        (axes[5], "stability/attn_entropy", "attention entropy (nats)", False),
-    )
-    for ax, stat, ylabel, log_scale in panels:
+    for ax, (stat, ylabel, log_scale) in zip(axes[2:], panels, strict=False):
         drawn = False
         for run, color in zip(runs, colors):
             if stat in run.profiles:
@@ -281,6 +304,8 @@ def compare_figure(runs: Sequence[RunData]) -> Any:
             ax.set_yscale("log")
         if not drawn:
             ax.text(0.5, 0.5, "not logged by these runs", ha="center", va="center", transform=ax.transAxes)
+    for ax in axes[2 + len(panels) :]:
+        ax.set_visible(False)
     for ax in axes:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)

@@ -48,3 +48,25 @@ def test_the_outside_pattern_ignores_case() -> None:
     for text in ("Spec sections 2-3.", "spec section 4", "see Shared/Spec/bhyt.md", "../SHARED/x"):
         assert OUTSIDE.search(text), text
     assert not OUTSIDE.search("docs/method.md, sections 2-3")
+
+
+def test_no_two_test_modules_share_a_basename() -> None:
+    """pytest imports a test file outside a package by its basename: a second file of that name fails collection."""
+    seen: dict[str, Path] = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        if (path.parent / "__init__.py").exists():
+            continue  # a package's modules are imported by their dotted name
+        first = seen.setdefault(path.name, path)
+        assert first == path, f"{first.relative_to(ROOT)} and {path.relative_to(ROOT)} share a basename"
+
+
+def test_every_study_module_has_its_own_test_file() -> None:
+    """``bhyt_pl/study/<module>.py`` is tested in ``tests/study/test_<module>.py`` (``test_study_<module>.py`` where
+    another package has a module of that name, as ``bench`` has ``command.py`` and ``report.py``)."""
+    tests = {p.name for p in (ROOT / "tests" / "study").glob("test_*.py")}
+    missing = [
+        module.name
+        for module in sorted((ROOT / "bhyt_pl" / "study").glob("*.py"))
+        if not module.name.startswith("__") and not {f"test_{module.name}", f"test_study_{module.name}"} & tests
+    ]
+    assert not missing, f"study modules without a test file: {missing}"

@@ -7,7 +7,6 @@ import statistics
 import tempfile
 import time
 from dataclasses import replace
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -29,23 +28,21 @@ def study_run_table(schemes: list[str], steps: int | None, repeats: int) -> dict
 
     Args:
         schemes: registered norm schemes (e.g. ``["rmsnorm", "bhyt"]``).
-        steps: optimizer steps per run; None: the default study's (``study.command.FULL``).
+        steps: optimizer steps per run; None: the default study's (``bhyt_pl.study.command.FULL``).
         repeats: runs per scheme and path.
 
     Returns:
         ``{"settings": {...}, "runs": {scheme: {path: {"wall_s": [...], "train_s": [...], ...}}},
         "ratio": {scheme: {...}}}``.
     """
-    from bhyt_pl.study import command
+    from bhyt_pl.study.command import prepare
     from bhyt_pl.study.runner import TrainerSettings, run_one
 
     if repeats < 1:
         raise ValueError(f"study_run repeats must be >= 1, got {repeats}")
-    args = command.parser().parse_args([] if steps is None else ["--steps", str(steps)])
-    budget, overrides = command.resolve(args)
-    factory = partial(command.make_datamodule, args, budget)
-    batches = command.fixed_batches(factory(42), budget.val_batches)
-    base = command.base_spec(args, budget, overrides)  # the settings the study's own runs share
+    setup = prepare([] if steps is None else ["--steps", str(steps)])  # the default study's settings
+    budget, base, factory = setup.budget, setup.base, setup.data
+    batches = setup.validation_batches()
     # one grid rate for every scheme (the middle of the default grid); the runs the study reports measure layer
     # importance, so these do too
     specs = {name: replace(base, label=name, norm=name, lr=3e-3, importance=True) for name in schemes}

@@ -1,6 +1,6 @@
-"""Lightning callbacks: depth-wise activation statistics, stability (gradients, attention entropy, outliers,
-spikes by depth), throughput/MFU/memory, norm-constant refresh, the checkpoint callback that loses no work,
-and the step progress bar.
+"""Lightning callbacks: depth-wise activation statistics (each declared once in ``layer_stats``), stability
+(gradients, attention entropy, outliers, spikes by depth), throughput/MFU/memory, norm-constant refresh, the
+checkpoint callback that loses no work, and the step progress bar.
 
 The statistics and throughput callbacks work inside any LightningModule: ``locate_blocks`` finds the
 transformer blocks of bhyt_pl, transformers and litgpt models (or takes a ``blocks`` argument).
@@ -13,6 +13,7 @@ from bhyt_pl.callbacks.blocks import LocatedBlocks, QKProjections, locate_blocks
 from bhyt_pl.callbacks.checkpointing import RunCheckpoint
 from bhyt_pl.callbacks.depth_stats import SITES, DepthStatsCollector, DepthStatsMonitor, depth_figures
 from bhyt_pl.callbacks.layer_metrics import LayerMetrics, layer_key, layer_series, layer_width, split_layer_key
+from bhyt_pl.callbacks.layer_stats import LayerStatistic, Summary, register_statistic, unregister_statistic
 from bhyt_pl.callbacks.loggers import log_figures
 from bhyt_pl.callbacks.norm_refresh import NormConstantRefresh, default_refresh_interval, norm_refresh_callbacks
 from bhyt_pl.callbacks.progress import StepProgressBar
@@ -32,6 +33,7 @@ __all__ = [
     "DepthStatsCollector",
     "DepthStatsMonitor",
     "LayerMetrics",
+    "LayerStatistic",
     "LocatedBlocks",
     "NormConstantRefresh",
     "RunCheckpoint",
@@ -39,6 +41,7 @@ __all__ = [
     "QKProjections",
     "SpikeDetector",
     "StabilityMonitor",
+    "Summary",
     "TokenThroughputMonitor",
     "batch_samples",
     "batch_tokens",
@@ -53,5 +56,7 @@ __all__ = [
     "log_figures",
     "norm_refresh_callbacks",
     "peak_flops_for",
+    "register_statistic",
     "split_layer_key",
+    "unregister_statistic",
 ]

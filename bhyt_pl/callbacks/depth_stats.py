@@ -8,14 +8,20 @@ and one value-against-depth figure per statistic from rank 0. On every other ste
 Models without bhyt_pl norm sites get the block statistics (magnitude, variance, max_abs,
 angular_distance); the site statistics are skipped with one info line.
 
-Statistics (all per token over the hidden dimension, averaged over the tokens of the batch, float32):
+The statistics are the per-layer statistics declared in ``bhyt_pl.callbacks.layer_stats`` (each per token over the
+hidden dimension, float32, reduced over the tokens of the batch as its declaration says). By default the monitor
+logs the ones declared ``monitor=True``:
 
-- ``magnitude``: ``||y_t||_2`` of the block output ``y`` (the paper's "magnitude").
-- ``variance``: ``Var_d(y_t)`` (population variance, the paper's "variance").
+- ``magnitude``: ``||y_t||_2`` of the block output ``y`` (the paper's "magnitude"), mean over tokens.
+- ``variance``: ``Var_d(y_t)`` (population variance, the paper's "variance"), mean over tokens.
 - ``max_abs``: ``max |y|`` over the whole batch (maximum over ranks).
 - ``angular_distance``: ``1 - cos(x_t, y_t)`` between block input and output (curse of depth: near 0
   means the block barely changes the residual stream's direction).
 - ``site_rms/<site>``: ``sqrt(mean_d x_t^2)`` of the input of each norm site that is not an identity.
+
+``statistics=[...]`` picks others, e.g. the depth study's ``median_magnitude`` (a quantile over tokens) and
+``magnitude_top2_removed``. Whatever is picked, the scheme's own site statistics are logged too:
+
 - ``saturation/<site>``: fraction of arguments of the bounded function with ``|arg| > saturation_threshold``
   (sites that implement ``bhyt_pl.norms.BoundedSite``: BHyT, DyT, Derf, DyISRU, SeeDNorm); for BHyT's
   site B the argument uses the approximated statistic, as the forward does.
@@ -28,8 +34,9 @@ Statistics (all per token over the hidden dimension, averaged over the tokens of
   over positions 0-7 and over positions 8 and later. Causal attention averages early queries over few
   keys, so a low ``first8`` against ``rest`` isolates the causal-masking part of the bias.
 
-The site statistics after ``site_rms`` come from the scheme itself (``BlockNorms.site_statistics``), so a new
-scheme reports its own without an edit here. Scalars are named ``depth/<stat>[/<site>]/layer_<ii>``
+The statistics after ``site_rms`` come from the scheme itself (``BlockNorms.site_statistics``), so a new
+scheme reports its own without an edit here; a new statistic of blocks or sites is one declaration in
+``bhyt_pl.callbacks.layer_stats``. Scalars are named ``depth/<stat>[/<site>]/layer_<ii>``
 (``bhyt_pl.callbacks.layer_metrics``); figures ``depth/<stat>`` go to every logger
 that takes images (``bhyt_pl.callbacks.loggers``: TensorBoard, W&B, MLflow, CSV).
 """
@@ -38,12 +45,11 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import lightning as L
 import torch
-import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 from torch.utils.hooks import RemovableHandle
@@ -51,6 +57,16 @@ from typing_extensions import override
 
 from bhyt_pl.callbacks.blocks import BlocksSpec, LocatedBlocks, locate_blocks
 from bhyt_pl.callbacks.layer_metrics import LayerMetrics, layer_key, layer_width, split_layer_key
+from bhyt_pl.callbacks.layer_stats import (
+    LayerStatistic,
+    Max,
+    Mean,
+    OnBlockOutput,
+    OnSiteInput,
+    Quantile,
+    statistic,
+    statistics,
+)
 from bhyt_pl.callbacks.loggers import log_figures
 from bhyt_pl.norms import BlockNorms
 
@@ -66,12 +82,14 @@ class DepthStatsCollector:
     """Accumulates per-layer statistics from hooks on one ``Llama`` for one or more forward passes.
 
     Sums and token counts are kept separately so the cross-rank reduction is exact (sum the sums,
-    sum the counts, then divide); ``max_abs`` is reduced with a maximum.
+    sum the counts, then divide); a maximum is reduced with a maximum, a quantile over every rank's values.
 
     Args:
         model: the model to observe (its blocks are found by ``locate_blocks``), or located blocks.
         saturation_threshold: a tanh argument with ``|arg|`` above this counts as saturated.
         blocks: where the blocks are when they cannot be found (``locate_blocks``).
+        statistics: the registered statistics to measure (``bhyt_pl.callbacks.layer_stats``); None: the ones
+            declared ``monitor=True``. The scheme's own site statistics are measured either way.
 
     Example:
         >>> from bhyt_pl import Llama, LlamaConfig
@@ -84,12 +102,19 @@ class DepthStatsCollector:
     """
 
     def __init__(
-        self, model: nn.Module | LocatedBlocks, saturation_threshold: float = 2.0, blocks: BlocksSpec = None
+        self,
+        model: nn.Module | LocatedBlocks,
+        saturation_threshold: float = 2.0,
+        blocks: BlocksSpec = None,
+        statistics: Sequence[str] | None = None,
     ) -> None:
         self.located = model if isinstance(model, LocatedBlocks) else locate_blocks(model, blocks)
         self.saturation_threshold = saturation_threshold
         self.width = layer_width(len(self.located))
         self.metrics = LayerMetrics()
+        self.statistics = resolve_statistics(statistics)
+        self._block_stats = [s for s in self.statistics if isinstance(s.measure, OnBlockOutput)]
+        self._site_stats = [s for s in self.statistics if isinstance(s.measure, OnSiteInput)]
         self._handles: list[RemovableHandle] = []
 
     # ------------------------------------------------------------------ hooks
@@ -127,29 +152,43 @@ class DepthStatsCollector:
 
     def _block_hook(self, layer: str) -> Callable:
         def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+            if not self._block_stats:
+                return
             with torch.no_grad():
                 x = _residual(args, kwargs).detach().float()  # [B, T, d], block input
                 y = (output[0] if isinstance(output, (tuple, list)) else output).detach().float()  # [B, T, d]
-                y2 = y.flatten(0, -2)  # [N, d], N tokens
-                n = y2.shape[0]
-                self.metrics.add(f"magnitude/{layer}", y2.norm(dim=-1).sum(), n)
-                self.metrics.add(f"variance/{layer}", y2.var(dim=-1, correction=0).sum(), n)
-                cosine = F.cosine_similarity(x.flatten(0, -2), y2, dim=-1, eps=1e-12)  # [N]
-                self.metrics.add(f"angular_distance/{layer}", (1.0 - cosine).sum(), n)
-                self.metrics.max(f"max_abs/{layer}", y2.abs().amax())
+                for stat in self._block_stats:
+                    self._add(stat, f"{stat.name}/{layer}", stat.measure.fn(x, y))
 
         return hook
 
     def _site_hook(self, norms: BlockNorms, site_name: str, layer: str) -> Callable:
         def hook(module: nn.Module, args: tuple) -> None:
             with torch.no_grad():
-                xf = args[0].detach().float().flatten(0, -2)  # [N, d]
-                self.metrics.add(f"site_rms/{site_name}/{layer}", xf.pow(2).mean(dim=-1).sqrt().sum(), xf.shape[0])
+                x = args[0].detach().float()  # [..., d]
+                for stat in self._site_stats:
+                    self._add(stat, f"{stat.name}/{site_name}/{layer}", stat.measure.fn(x))
                 # the scheme's own statistics of this site (saturation, lambdas, BHyT's moment ratios)
                 for key, (total, count) in norms.site_statistics(site_name, args, self.saturation_threshold).items():
                     self.metrics.add(f"{key}/{layer}", total, count)
 
         return hook
+
+    def _add(self, stat: LayerStatistic, key: str, values: torch.Tensor) -> None:
+        """One pass's per-token ``values`` ([B, T] or [...]) of ``stat``, reduced as its declaration says."""
+        if stat.skip_tokens and values.ndim >= 2:
+            values = values[:, stat.skip_tokens :]  # leading positions of every sequence left out
+        values = values.flatten()  # [N]
+        if not values.numel():
+            return
+        if isinstance(stat.reduction, Mean):
+            self.metrics.add(key, values.sum(), values.numel())
+        elif isinstance(stat.reduction, Max):
+            self.metrics.max(key, values.amax())
+        elif isinstance(stat.reduction, Quantile):
+            self.metrics.sample(key, values, stat.reduction.q)
+        else:  # LayerStatistic checks its reduction: a new kind of reduction needs its branch here
+            raise TypeError(f"statistic {stat.name!r}: no accumulation for reduction {stat.reduction!r}")
 
     # ------------------------------------------------------------------ results
     def reset(self) -> None:
@@ -166,6 +205,17 @@ class DepthStatsCollector:
             ``{"magnitude/layer_00": value, ...}``.
         """
         return self.metrics.compute(all_gather)
+
+
+def resolve_statistics(names: Sequence[str] | None) -> tuple[LayerStatistic, ...]:
+    """The registered statistics named (``ValueError`` naming an unknown one and the registered ones); None: the
+    ones declared ``monitor=True``. Statistics the hooks do not measure (``ByScheme``, ``FromProfile``) are kept
+    out: the scheme reports the former, the latter are computed from another's profile."""
+    if names is None:
+        chosen = [s for s in statistics() if s.monitor]
+    else:
+        chosen = [statistic(name) for name in names]
+    return tuple(s for s in chosen if s.collected)
 
 
 def _residual(args: tuple, kwargs: dict) -> torch.Tensor:
@@ -198,6 +248,9 @@ class DepthStatsMonitor(L.Callback):
         blocks: where the transformer blocks are, for models the locator does not know: a dotted path
             from the LightningModule (``"net.decoder.layers"``) or a callable returning them
             (``bhyt_pl.callbacks.blocks.locate_blocks``). None finds bhyt_pl, transformers and litgpt blocks.
+        statistics: names of registered statistics to log (``bhyt_pl.callbacks.layer_stats``); None: the ones
+            declared ``monitor=True`` (magnitude, variance, max_abs, angular_distance, site_rms). The scheme's own
+            site statistics are logged either way.
 
     Example:
         >>> import lightning as L
@@ -212,17 +265,20 @@ class DepthStatsMonitor(L.Callback):
         figures: bool = True,
         saturation_threshold: float = 2.0,
         blocks: BlocksSpec = None,
+        statistics: Sequence[str] | None = None,
     ) -> None:
         if not (isinstance(every_n_steps, int) and every_n_steps >= 1):
             raise ValueError(f"every_n_steps must be an int >= 1, got {every_n_steps!r}")
         if not saturation_threshold > 0:
             raise ValueError(f"saturation_threshold must be > 0, got {saturation_threshold}")
+        resolve_statistics(statistics)  # an unknown name fails here, before any training
         self.every_n_steps = every_n_steps
         self.log_first_step = log_first_step
         self.validation = validation
         self.figures = figures
         self.saturation_threshold = saturation_threshold
         self.blocks = blocks
+        self.statistics = None if statistics is None else list(statistics)
         self._collector: DepthStatsCollector | None = None
         self._pending_step: int | None = None
         self._last_logged_step = -1
@@ -259,7 +315,7 @@ class DepthStatsMonitor(L.Callback):
                     f"DepthStatsMonitor: the blocks at {located.path} have no bhyt_pl norm sites; site statistics "
                     "(site_rms, saturation, lambda/alpha, BHyT moment ratio) are skipped"
                 )
-            self._collector = DepthStatsCollector(located, self.saturation_threshold)
+            self._collector = DepthStatsCollector(located, self.saturation_threshold, statistics=self.statistics)
         return self._collector
 
     # ------------------------------------------------------------------ training

@@ -4,10 +4,12 @@ reduction over ranks, shared by ``DepthStatsMonitor``, ``StabilityMonitor`` and 
 A per-layer statistic is named ``<stat>[/<site>]/layer_<ii>``, ``<ii>`` the 0-based block index zero-padded
 to ``layer_width(n_layers)`` digits (at least 2, so keys sort in depth order). Means are kept as a sum and
 a count per key, so a mean over several passes and ranks is exact: sum the sums, sum the counts, divide.
+A quantile needs the values themselves: they are kept, and gathered from every rank before it is taken.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -59,34 +61,39 @@ class LayerMetrics:
 
     ``pack`` lays every value out in one tensor ``[sums, counts, maxima]`` for one collective; ``unpack``
     turns a reduced tensor's values back into ``{key: mean or maximum}``. ``compute`` does both around an
-    ``all_gather`` (sums of sums and counts, maxima of maxima).
+    ``all_gather`` (sums of sums and counts, maxima of maxima), and takes each quantile over every rank's values.
 
     Example:
         >>> m = LayerMetrics()
         >>> m.add("magnitude/layer_00", torch.tensor(3.0), 2)
         >>> m.add("magnitude/layer_00", torch.tensor(5.0), 2)
         >>> m.max("max_abs/layer_00", torch.tensor(7.0))
+        >>> m.sample("median/layer_00", torch.tensor([4.0, 1.0, 3.0, 2.0]), q=0.5)
         >>> m.compute()
-        {'magnitude/layer_00': 2.0, 'max_abs/layer_00': 7.0}
+        {'magnitude/layer_00': 2.0, 'max_abs/layer_00': 7.0, 'median/layer_00': 2.0}
     """
 
     def __init__(self) -> None:
         self._sums: dict[str, torch.Tensor] = {}
         self._counts: dict[str, torch.Tensor] = {}
         self._maxes: dict[str, torch.Tensor] = {}
+        self._samples: dict[str, list[torch.Tensor]] = {}
+        self._quantiles: dict[str, float] = {}
 
     @property
     def empty(self) -> bool:
-        return not self._counts and not self._maxes
+        return not self._counts and not self._maxes and not self._samples
 
     def keys(self) -> list[str]:
-        """Every key, means then maxima, each sorted (the order of ``pack``)."""
-        return sorted(self._sums) + sorted(self._maxes)
+        """Every key, means then maxima then quantiles, each sorted (the order of ``compute``)."""
+        return sorted(self._sums) + sorted(self._maxes) + sorted(self._samples)
 
     def reset(self) -> None:
         self._sums.clear()
         self._counts.clear()
         self._maxes.clear()
+        self._samples.clear()
+        self._quantiles.clear()
 
     def add(self, key: str, total: torch.Tensor, count: float | torch.Tensor) -> None:
         """Add ``total`` (a sum over ``count`` items) to the mean of ``key``."""
@@ -102,6 +109,14 @@ class LayerMetrics:
         """Keep the maximum of ``value`` and the values seen before under ``key``."""
         value = value.detach().to(torch.float64)
         self._maxes[key] = torch.maximum(self._maxes[key].to(value.device), value) if key in self._maxes else value
+
+    def sample(self, key: str, values: torch.Tensor, q: float) -> None:
+        """Keep ``values`` for the ``q``-quantile of ``key``: the value of rank ``floor(q * (n - 1))`` among the
+        ``n`` sorted values of every call (and rank), an element of them (``q = 0.5``: ``torch.median``'s)."""
+        if key in self._quantiles and self._quantiles[key] != q:
+            raise ValueError(f"{key}: quantile {q} asked after {self._quantiles[key]}")
+        self._quantiles[key] = q
+        self._samples.setdefault(key, []).append(values.detach().flatten())
 
     def pack(self, device: torch.device | None = None) -> torch.Tensor:
         """``[sums (M), counts (M), maxima (X)]`` in key order, float64, on ``device`` (default: that of the
@@ -137,4 +152,24 @@ class LayerMetrics:
             if gathered.ndim == 2:
                 m = 2 * len(self._sums)
                 packed = torch.cat([gathered[:, :m].sum(dim=0), gathered[:, m:].amax(dim=0)])
-        return self.unpack(packed.cpu().tolist())
+        result = self.unpack(packed.cpu().tolist())
+        for key in sorted(self._samples):  # the same keys in the same order on every rank
+            values = torch.cat(self._samples[key])
+            if all_gather is not None:
+                values = _gather_values(values, all_gather)
+            if values.numel():
+                rank = math.floor(self._quantiles[key] * (values.numel() - 1))
+                result[key] = float(values.kthvalue(rank + 1).values)
+        return result
+
+
+def _gather_values(values: torch.Tensor, all_gather: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """Every rank's ``values`` (their counts may differ): the counts first, then the values padded to the largest."""
+    counts = all_gather(torch.tensor([values.numel()], device=values.device))
+    if counts.ndim < 2:  # a single process
+        return values
+    counts = counts.flatten().tolist()
+    padded = torch.zeros(max(counts), dtype=values.dtype, device=values.device)
+    padded[: values.numel()] = values
+    gathered = all_gather(padded)  # [world, max count]
+    return torch.cat([gathered[i, :n] for i, n in enumerate(counts)])

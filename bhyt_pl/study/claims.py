@@ -24,36 +24,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bhyt_pl.study import stats
-from bhyt_pl.study.metrics import METRICS, snapshots, value
+from bhyt_pl.study.design import StudyDesign, StudyRuns
+from bhyt_pl.study.metrics import metric, snapshots, value
 from bhyt_pl.study.runner import RunResult
 
 __all__ = [
     "ARMS",
     "CLAIMS",
     "CONDITIONS",
-    "MARGINS",
     "ClaimResult",
     "ClaimSpec",
-    "Design",
     "Test",
     "evaluate",
 ]
 
 ARMS = ("best", "matched")
-
-MARGINS: dict[str, float] = {
-    "val_loss": 0.02,
-    "magnitude": 0.2,
-    "median_magnitude": 0.2,
-    "magnitude_per_coordinate": 0.2,
-    "variance": 0.4,
-    "magnitude_growth": 0.2,
-    "variance_growth": 0.4,
-}
-"""Equivalence / non-inferiority margin of each metric (docs/method.md, section 10 says why): nats for the
-loss (below most published gaps between schemes), ln units for magnitudes and growth (0.2: a 22 % ratio,
-under half the smallest scheme effect the v2 study measured), twice that for variances (a squared scale)."""
-
 
 @dataclass(frozen=True)
 class ClaimSpec:
@@ -63,10 +48,10 @@ class ClaimSpec:
         statement: the claim in the project's words.
         source: the paper statement it tests (``abstract``, ``Figure 3``, ``Table 1``, ``theorem``).
         target, baseline: the roles compared (``d = target - baseline``).
-        metric: a ``bhyt_pl.study.metrics.METRICS`` name.
+        metric: a ``bhyt_pl.study.metrics`` name: ``val_loss`` or a summary of a registered per-layer statistic.
         arm: ``best`` or ``matched``.
         rule: ``lower``, ``higher``, ``no_worse`` or ``equivalent`` (``stats.rule_p_values``).
-        margin: for ``no_worse`` and ``equivalent``; default ``MARGINS[metric]``.
+        margin: for ``no_worse`` and ``equivalent``; default the metric's own (its statistic's declaration).
         condition: a ``CONDITIONS`` name the target's runs must meet for the claim to apply (else the
             verdict is "outside the theorem").
         bound: the claim compares trained layers with a bound the paper states at initialisation; the
@@ -85,8 +70,10 @@ class ClaimSpec:
     bound: bool = False
 
     def __post_init__(self) -> None:
-        if self.metric not in METRICS:
-            raise ValueError(f"claim {self.statement!r}: metric must be one of {sorted(METRICS)}, got {self.metric!r}")
+        try:
+            metric(self.metric)
+        except ValueError as exc:
+            raise ValueError(f"claim {self.statement!r}: {exc}") from None
         if self.arm not in ARMS:
             raise ValueError(f"claim {self.statement!r}: arm must be one of {ARMS}, got {self.arm!r}")
         if self.rule not in stats.RULES:
@@ -100,7 +87,7 @@ class ClaimSpec:
     def margin_value(self) -> float | None:
         if self.rule not in ("no_worse", "equivalent"):
             return None
-        return self.margin if self.margin is not None else MARGINS.get(self.metric)
+        return self.margin if self.margin is not None else metric(self.metric).margin
 
 
 def _variance_bound(runs: Sequence[RunResult]) -> tuple[bool | None, str]:
@@ -194,23 +181,6 @@ OUTSIDE = "outside the theorem"
 BOUND_NOTE = " (trained last layer vs a bound stated at initialisation)"
 
 
-@dataclass(frozen=True)
-class Design:
-    """What the protocol chose, as the claims need it.
-
-    Args:
-        best: group -> its best learning rate.
-        candidate: group -> its kept candidate (``RunSpec.candidate``).
-        matched_lrs: the matched rates.
-        tokens_per_step: training tokens per optimizer step (the x axis of claims over training).
-    """
-
-    best: Mapping[str, float]
-    candidate: Mapping[str, str]
-    matched_lrs: tuple[float, ...]
-    tokens_per_step: int = 0
-
-
 @dataclass
 class Test:
     """One claim at one rate (best arm: one test; matched arm: one per matched rate)."""
@@ -289,16 +259,6 @@ class ClaimResult:
         }
 
 
-def evaluation_runs(results: Sequence[RunResult], group: str, candidate: str, lr: float) -> list[RunResult]:
-    """The evaluation-seed runs (seed index >= 1) of ``group``'s kept candidate at ``lr``, by seed index."""
-    runs = [
-        r
-        for r in results
-        if r.spec.group == group and r.spec.candidate == candidate and r.spec.lr == lr and r.spec.seed_index >= 1
-    ]
-    return sorted(runs, key=lambda r: r.spec.seed_index)
-
-
 def _test(spec: ClaimSpec, rate: str, lrs: tuple[float, float], a: list[RunResult], b: list[RunResult], tps: int):
     margin = spec.margin_value or 0.0
     values = stats.paired_differences(
@@ -347,38 +307,39 @@ def _test(spec: ClaimSpec, rate: str, lrs: tuple[float, float], a: list[RunResul
 
 
 def evaluate(
-    results: Sequence[RunResult],
-    design: Design,
+    runs: StudyRuns | Sequence[RunResult],
+    design: StudyDesign,
     roles: Mapping[str, str],
     claims: Sequence[ClaimSpec] = CLAIMS,
+    tokens_per_step: int = 0,
 ) -> tuple[list[ClaimResult], list[ClaimSpec]]:
     """Every claim whose two roles map to groups with a kept candidate: its tests at each rate of its arm, the
     per-test and combined verdicts, and the Holm-adjusted verdicts over the tests of every claim whose condition
-    holds. Returns the evaluated claims and the claims left out (a role without a group)."""
+    holds. Returns the evaluated claims and the claims left out (a role without a group). ``tokens_per_step``
+    is the x axis of claims over training."""
+    runs = runs if isinstance(runs, StudyRuns) else StudyRuns(runs)
     out: list[ClaimResult] = []
     skipped: list[ClaimSpec] = []
     for spec in claims:
         target, baseline = roles.get(spec.target), roles.get(spec.baseline)
-        if target not in design.best or baseline not in design.best:
+        kept_target = design.kept(target) if target is not None else None
+        kept_baseline = design.kept(baseline) if baseline is not None else None
+        if kept_target is None or kept_baseline is None:
             skipped.append(spec)
             continue
         if spec.arm == "best":
-            rates = [("best", (design.best[target], design.best[baseline]))]
+            rates = [("best", (kept_target.lr, kept_baseline.lr))]
         else:
             rates = [(f"{lr:g}", (lr, lr)) for lr in design.matched_lrs]
         tests = []
         for rate, (la, lb) in rates:
-            a = evaluation_runs(results, target, design.candidate[target], la)
-            b = evaluation_runs(results, baseline, design.candidate[baseline], lb)
-            tests.append(_test(spec, rate, (la, lb), a, b, design.tokens_per_step))
+            a = design.evaluation_runs(runs, target, la)
+            b = design.evaluation_runs(runs, baseline, lb)
+            tests.append(_test(spec, rate, (la, lb), a, b, tokens_per_step))
         result = ClaimResult(spec, target, baseline, tests)
         if spec.condition is not None:
-            runs = [
-                r
-                for la, _ in (t.lrs for t in tests)
-                for r in evaluation_runs(results, target, design.candidate[target], la)
-            ]
-            holds, result.condition = CONDITIONS[spec.condition](runs)
+            condition_runs = [r for la, _ in (t.lrs for t in tests) for r in design.evaluation_runs(runs, target, la)]
+            holds, result.condition = CONDITIONS[spec.condition](condition_runs)
             result.applies = holds is True
         out.append(result)
     family = [t for c in out if c.applies for t in c.tests]

@@ -11,28 +11,33 @@ and one ``runs/<label>/`` folder per run. Runs are reused: a run whose ``result.
 
 Stability sweep (``--sweep``): schemes x ``--depths`` x ``--lrs`` x seeds; ``report.md`` with the grid.
 
+``--report-from DIR`` rebuilds ``DIR/report.md`` and its figures from ``DIR/results.json`` alone.
+
+This module parses the command line into a ``StudySetup`` (``prepare``) and runs it (``main``): the protocol
+drivers are in ``bhyt_pl.study.protocol``, the scheduler in ``bhyt_pl.study.scheduler``, the launchers in
+``bhyt_pl.study.local``, the report in ``bhyt_pl.study.report``.
+
 Examples::
 
     python -m bhyt_pl study --quick --workers 2           # at most 10 minutes on 2 CPU cores
     python -m bhyt_pl study --workers 2                   # the committed report (docs/depth_study.md)
     python -m bhyt_pl study --sweep --quick               # small stability grid
     python -m bhyt_pl study --schemes rmsnorm "bhyt:lambda_attn=1.0|2.0" --seeds 5 --lrs 1e-3 3e-3
+    python -m bhyt_pl study --report-from docs/depth_study  # the committed report again, no training
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
-import json
 import logging
 import math
 import os
 import shlex
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, wait
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -40,19 +45,15 @@ from typing import Any
 import torch
 
 from bhyt_pl.config import PRESETS, LlamaConfig
-from bhyt_pl.study import report
-from bhyt_pl.study.plan import (
-    SchemeGroup,
-    Selection,
-    check_disjoint,
-    default_matched_lrs,
-    evaluation_specs,
-    parse_group,
-    select,
-    selection_specs,
-    sweep_specs,
-)
-from bhyt_pl.study.runner import RunResult, RunSpec, TrainerSettings, run_dirname, run_one
+from bhyt_pl.study import report, runner
+from bhyt_pl.study.data import StudyData, fixed_batches, unigram_entropy
+from bhyt_pl.study.design import SchemeGroup, StudyDesign, check_disjoint, parse_group, rate_key
+from bhyt_pl.study.local import InlineLauncher, ProcessPoolLauncher
+from bhyt_pl.study.plan import sweep_specs
+from bhyt_pl.study.protocol import run_all, run_depth_study
+from bhyt_pl.study.results import StudyRecord, load
+from bhyt_pl.study.runner import RunResult, RunSpec, TrainerSettings
+from bhyt_pl.study.scheduler import Scheduler, progress_line
 from bhyt_pl.validation import raise_if_problems
 
 __all__ = [
@@ -64,8 +65,11 @@ __all__ = [
     "SWEEP",
     "SWEEP_QUICK",
     "Budget",
+    "StudySetup",
     "main",
     "parser",
+    "prepare",
+    "report_from",
 ]
 
 log = logging.getLogger(__name__)
@@ -108,7 +112,8 @@ REMOVED_FLAGS = {
     "--data-seed": "--seeds N (seed i shuffles the data with 42 + i)",
     "--lr": "--lrs LR [LR ...] (the learning-rate grid; one value: that learning rate for every scheme)",
 }
-"""Flags of study v1 and what replaces them (a removed flag is an error naming its replacement)."""
+"""Flags the study does not take and what replaces them. Each is declared so that using it is an error naming its
+replacement: undeclared, argparse would read ``--seed 43`` as an abbreviation of ``--seeds`` and run 43 seeds."""
 
 
 @dataclass(frozen=True)
@@ -274,13 +279,21 @@ def parser() -> argparse.ArgumentParser:
         "--compile",
         action=argparse.BooleanOptionalAction,
         default=COMPILE_DEFAULT,
-        help="torch.compile each block of every run; --no-compile: eager, as study v2 ran (docs/performance.md, "
+        help="torch.compile each block of every run; --no-compile: eager (docs/performance.md, "
         "'Study run': speed-up and how far the losses may differ)",
     )
     hw.add_argument("--threads", type=int, default=None, help="torch CPU threads with --workers 1 (default: torch's)")
     hw.add_argument("--progress-bar", action="store_true", help="show Lightning's progress bar")
     p.add_argument("--out", type=Path, default=None, help="report folder; default runs/study[-sweep][-quick]")
     p.add_argument("--restart", action="store_true", help="retrain every run (default: resume, reusing finished runs)")
+    p.add_argument(
+        "--report-from",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="rebuild DIR/report.md and its figures from DIR/results.json alone (no training, no run folders); "
+        "every other option is ignored",
+    )
     for flag in REMOVED_FLAGS:
         p.add_argument(flag, action=_Removed, help=argparse.SUPPRESS)
     return p
@@ -341,7 +354,8 @@ def resolve(args: argparse.Namespace) -> tuple[Budget, dict[str, Any]]:
         problems.append(f"--extensions must be >= 0, got {budget.extensions}")
     if args.matched_lrs is not None and any(not lr > 0 for lr in args.matched_lrs):
         problems.append(f"--matched-lrs must be > 0, got {args.matched_lrs}")
-    if args.matched_lrs is not None and len(set(args.matched_lrs)) != len(args.matched_lrs):
+    # rates are compared as run labels write them (6 significant digits): 1e-3 and 0.0010000001 are one rate
+    if args.matched_lrs is not None and len({rate_key(lr) for lr in args.matched_lrs}) != len(args.matched_lrs):
         problems.append(f"--matched-lrs has duplicates (each would be tested twice): {args.matched_lrs}")
     for item in args.roles:
         if "=" not in item:
@@ -358,8 +372,8 @@ def resolve(args: argparse.Namespace) -> tuple[Budget, dict[str, Any]]:
         problems.append(f"--depths must be >= 1, got {budget.depths}")
     if any(not lr > 0 for lr in budget.lrs):
         problems.append(f"--lrs must be > 0, got {budget.lrs}")
-    if len(set(budget.lrs)) != len(budget.lrs):
-        problems.append(f"--lrs has duplicates: {budget.lrs}")
+    if len({rate_key(lr) for lr in budget.lrs}) != len(budget.lrs):
+        problems.append(f"--lrs has duplicates (rates equal to 6 significant digits share a run label): {budget.lrs}")
     if args.max_loss is not None and not args.max_loss > 0:
         problems.append(f"--max-loss must be > 0, got {args.max_loss}")
     overrides: dict[str, Any] = {}
@@ -379,203 +393,141 @@ def resolve(args: argparse.Namespace) -> tuple[Budget, dict[str, Any]]:
     return budget, overrides
 
 
-def make_datamodule(args: argparse.Namespace, budget: Budget, data_seed: int):  # -> C4DataModule
-    """A fresh ``C4DataModule`` with the study's data and shapes, shuffled with ``data_seed``."""
-    from bhyt_pl.data import C4DataModule
+@dataclass(frozen=True)
+class StudySetup:
+    """One invocation of the study, decided before any run trains: its budget, groups and roles, the settings its
+    runs share (``base``: each run then sets its scheme, rate and seed), their data and how they execute.
+    ``prepare`` builds it; ``main`` runs it, and ``python -m bhyt_pl bench --parts study_run`` times one of its
+    runs.
 
-    data_files = None if str(args.data_files).lower() == "none" else args.data_files
-    return C4DataModule(
-        path=args.data_path,
-        data_files=data_files,
-        tokenizer=args.tokenizer,
-        seq_len=budget.seq_len,
-        batch_size=budget.batch_size,
-        num_workers=args.num_workers,
-        shuffle_buffer=args.shuffle_buffer,
-        seed=data_seed,
-    )
+    Args:
+        argv: the command line it was built from (recorded in the report).
+        args: the parsed options.
+        budget: the mode's defaults with the options applied.
+        overrides: ``LlamaConfig`` fields every run sets (``--override``, ``--layers``).
+        groups: the ``--schemes`` groups.
+        roles: claim role -> group (``DEFAULT_ROLES`` with ``--roles`` applied).
+        base: the settings every run shares.
+        data: every run's data module (called with its data seed).
+        settings: how every run executes (accelerator, devices, precision, compile).
+    """
 
-
-def fixed_batches(datamodule: Any, count: int) -> list[dict[str, torch.Tensor]]:
-    """The first ``count`` validation batches (training batches when the source has no validation split):
-    the same tensors for every run: depth statistics and the validation loss use all of them, layer importance
-    the first."""
-    datamodule.setup("validate")
-    loader = datamodule.val_dataloader()
-    if isinstance(loader, list):  # C4DataModule returns [] without a validation split
-        log.warning("the data source has no validation split: validating on the first training batches")
-        loader = datamodule.train_dataloader()
-    batches = []
-    for batch in loader:
-        batches.append({"input_ids": batch["input_ids"].clone(), "labels": batch["labels"].clone()})
-        if len(batches) == count:
-            break
-    if not batches:
-        raise ValueError("the data source yielded no batch for validation and depth statistics")
-    return batches
-
-
-# ----------------------------------------------------------------------------- running
-def finished_result(out: Path, spec: RunSpec) -> RunResult | None:
-    """The run's stored result when it finished (ok or diverged) with exactly this spec, else None (resume)."""
-    path = out / "runs" / run_dirname(spec.label) / "result.json"
-    try:
-        stored = json.loads(path.read_text())
-        if stored.get("status") not in ("ok", "diverged"):
-            return None
-        if stored["spec"] != json.loads(json.dumps(asdict(spec), default=str)):
-            return None
-        return RunResult.from_dict(stored)
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def _init_worker() -> None:
-    torch.set_num_threads(1)  # one thread per process: --workers processes share the cores without oversubscription
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
-
-
-class _InlineExecutor(Executor):
-    """Runs each submitted call at once in this process (``--workers 1``): same loop, no pickling."""
-
-    def submit(self, fn: Callable, /, *args: Any, **kwargs: Any) -> Future:
-        future: Future = Future()
-        future.set_result(fn(*args, **kwargs))
-        return future
-
-
-class Scheduler:
-    """Submits runs to an executor, reusing finished ones (resume), and hands results back as they finish; a run
-    whose label was submitted before is not submitted again (the two arms of the protocol share runs)."""
-
-    def __init__(self, executor: Executor, run: Callable[[RunSpec], RunResult], out: Path, resume: bool) -> None:
-        self.executor, self.run, self.out, self.resume = executor, run, out, resume
-        self.pending: dict[Future, RunSpec] = {}
-        self.reused: list[str] = []
-        self.labels: set[str] = set()  # runs handed to this scheduler so far, reused ones included
+    argv: tuple[str, ...]
+    args: argparse.Namespace
+    budget: Budget
+    overrides: dict[str, Any]
+    groups: tuple[SchemeGroup, ...]
+    roles: dict[str, str]
+    base: RunSpec
+    data: StudyData
+    settings: TrainerSettings
 
     @property
-    def submitted(self) -> int:
-        return len(self.labels)
+    def sweep(self) -> bool:
+        return bool(self.args.sweep)
 
-    def submit(self, specs: Iterable[RunSpec]) -> list[RunSpec]:
-        """Submits the specs not submitted before and returns them."""
-        fresh = []
-        for spec in specs:
-            if spec.label in self.labels:
-                continue
-            self.labels.add(spec.label)
-            fresh.append(spec)
-            stored = finished_result(self.out, spec) if self.resume else None
-            if stored is not None:
-                self.reused.append(spec.label)
-                future: Future = Future()
-                future.set_result(stored)
-            else:
-                log.info("study run: %s", spec.label)
-                future = self.executor.submit(self.run, spec)
-            self.pending[future] = spec
-        return fresh
+    @property
+    def mode(self) -> str:
+        return "study" + ("-sweep" if self.sweep else "") + ("-quick" if self.args.quick else "")
 
-    def finished(self) -> Iterable[RunResult]:
-        """Yields results until nothing is pending (callers may submit more while iterating)."""
-        while self.pending:
-            done, _ = wait(list(self.pending), return_when=FIRST_COMPLETED)
-            for future in [f for f in self.pending if f in done]:  # in submission order: deterministic reports
-                spec = self.pending.pop(future)
-                try:
-                    result = future.result()
-                except Exception as exc:  # noqa: BLE001 - a crashed worker is one failed run
-                    result = RunResult(spec=spec, status="error", error=f"{type(exc).__name__}: {exc}")
-                yield result
+    @property
+    def out(self) -> Path:
+        """The report folder (``--out``, default ``runs/<mode>``)."""
+        return self.args.out if self.args.out is not None else Path("runs") / self.mode
+
+    @property
+    def config(self) -> LlamaConfig:
+        return LlamaConfig.from_name(self.budget.preset, **self.overrides)
+
+    def design(self) -> StudyDesign | None:
+        """A fresh depth-study design (groups, grid, seeds; nothing selected yet); None for the sweep."""
+        if self.sweep:
+            return None
+        return StudyDesign(self.groups, self.budget.lrs, self.budget.seeds, self.budget.extensions)
+
+    def validation_batches(self) -> list[dict[str, torch.Tensor]]:
+        """The fixed validation batches every run is measured on (from the base data seed's data module)."""
+        return fixed_batches(self.data(self.base.data_seed), self.budget.val_batches)
+
+    def meta(self) -> dict[str, Any]:
+        """What the report's head lists: the command, the budget, the data, the machine and its load now
+        (``unigram_loss`` is None until measured)."""
+        from bhyt_pl.machine import machine_info
+
+        budget, args, labels = self.budget, self.args, [g.label for g in self.groups]
+        return {
+            "command": "python -m bhyt_pl study " + shlex.join(self.argv),
+            "mode": self.mode,
+            "preset": budget.preset,
+            "n_layers_label": "/".join(map(str, budget.depths)) if self.sweep else str(self.config.n_layers),
+            "overrides": self.overrides,
+            "steps": budget.steps,
+            "seq_len": budget.seq_len,
+            "batch_size": budget.batch_size,
+            "tokens_per_step": budget.seq_len * budget.batch_size,
+            "tokens_per_run": budget.seq_len * budget.batch_size * budget.steps,
+            "lrs": list(budget.lrs),
+            "seeds": budget.seeds,
+            "selection_seed": "index 0 (seed 42); evaluation seeds: indices 1..N (seeds 43..42+N)",
+            "extensions": budget.extensions,
+            "roles": {k: v for k, v in self.roles.items() if v in labels},
+            "schemes": labels,
+            "trajectory_every": self.base.trajectory_every,
+            "workers": args.workers,
+            "compile": args.compile,
+            "data": f"{args.data_files} (tokenizer {args.tokenizer})",
+            "validation": f"{budget.val_batches} fixed batches of {budget.batch_size} x {budget.seq_len}: validation "
+            "loss and depth statistics at every trajectory point",
+            "unigram_loss": None,
+            "max_loss": round(self.base.max_loss, 4),
+            "loadavg_at_start": _loadavg(),
+            "machine": machine_info(torch.device("cuda" if args.accelerator in ("gpu", "cuda") else "cpu")),
+        }
 
 
-def progress_line(done: int, total: int, elapsed: float, reused: int = 0, final: bool = True) -> str:
-    """``run k of N`` and the time left, from this invocation's pace (runs reused from a previous one take
-    no time, so they are left out of the pace). ``final=False`` while the protocol may still add runs (grid
-    extensions, the matched arm): ``N`` and the time left are then lower bounds and say so."""
-    line = f"study: run {done} of {'' if final else 'at least '}{total} done"
-    fresh = done - reused
-    if done < total and fresh > 0:
-        left = elapsed / fresh * (total - done)
-        line += f"; about {left / 60:.1f} min left" if left >= 60 else f"; about {left:.0f} s left"
-        line += "" if final else " (at least)"
-    return line
+def prepare(argv: Sequence[str] = ()) -> StudySetup:
+    """The study ``python -m bhyt_pl study ARGV`` would run, without running it. Bad values raise one
+    ``ValueError`` naming the option; an unparsable command line exits as argparse does."""
+    return _setup(parser().parse_args(list(argv)), argv)
 
 
-@dataclass
-class StudyDesign:
-    """What the protocol decided: each group's selection (kept candidate, rate, budget, edge flag) and the
-    matched rates (``matched_note`` says how they were set)."""
-
-    selections: dict[str, Selection]
-    matched_lrs: tuple[float, ...] = ()
-    matched_note: str = ""
-
-
-def run_depth_study(
-    groups: Sequence[SchemeGroup],
-    lrs: Sequence[float],
-    n_seeds: int,
-    base: RunSpec,
-    scheduler: Scheduler,
-    on_result: Callable[[RunResult], None] = lambda r: None,
-    extensions: int = 1,
-    matched_lrs: Sequence[float] | None = None,
-    design: StudyDesign | None = None,
-) -> tuple[list[RunResult], StudyDesign]:
-    """Protocol v3 (``bhyt_pl.study.plan``): selection runs on the selection seed, a group's extension runs as
-    soon as its selection finds its best rate at an edge, its best-rate evaluation seeds as soon as its
-    selection is complete, and the matched arm once every group's is (runs of both arms train once)."""
-    check_disjoint(groups)  # a candidate in two groups would share run labels and one group would never finish
-    by_group = {g.label: g for g in groups}
-    pending: dict[str, set[str]] = {}
-    selection_runs: dict[str, list[RunResult]] = {g.label: [] for g in groups}
-    design = StudyDesign({}) if design is None else design  # filled in place: reports written meanwhile see it
-    by_label: dict[str, RunResult] = {}
-
-    for g in groups:
-        pending[g.label] = {s.label for s in scheduler.submit(selection_specs(g, lrs, base))}
-    for result in scheduler.finished():
-        by_label[result.spec.label] = result
-        on_result(result)
-        group = result.spec.group
-        if result.spec.label not in pending.get(group, ()):
-            continue
-        selection_runs[group].append(result)
-        pending[group].discard(result.spec.label)
-        if pending[group]:
-            continue
-        step = select(by_group[group], selection_runs[group], lrs, extensions, base)
-        if isinstance(step, RunSpec):  # the best rate sits at an edge: one more grid step for its candidate
-            pending[group] = {s.label for s in scheduler.submit([step])}
-            continue
-        design.selections[group] = step
-        scheduler.submit(evaluation_specs(by_group[group], step, (), n_seeds, base))
-        if len(design.selections) == len(groups):  # every group selected: the matched arm
-            ordered = [design.selections[g.label] for g in groups]
-            if matched_lrs is not None:
-                design.matched_lrs = tuple(sorted(matched_lrs))
-                design.matched_note = "given with --matched-lrs"
-            else:
-                design.matched_lrs = default_matched_lrs(ordered, lrs)
-                design.matched_note = (
-                    "the two highest --lrs rates at which every group's kept candidate trained on the selection seed"
-                    + ("" if len(design.matched_lrs) == 2 else f" (only {len(design.matched_lrs)} qualified)")
-                )
-            for g in groups:
-                scheduler.submit(evaluation_specs(g, design.selections[g.label], design.matched_lrs, n_seeds, base))
-    group_order = {g.label: i for i, g in enumerate(groups)}
-    results = sorted(
-        by_label.values(),
-        key=lambda r: (group_order[r.spec.group], r.spec.seed_index, r.spec.candidate, r.spec.lr),
+def _setup(args: argparse.Namespace, argv: Sequence[str]) -> StudySetup:
+    budget, overrides = resolve(args)
+    groups = tuple(parse_group(s) for s in args.schemes)
+    labels = [g.label for g in groups]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"--schemes has duplicates: {labels}")
+    check_disjoint(groups)
+    roles = dict(DEFAULT_ROLES)
+    for item in args.roles:
+        role, _, group = item.partition("=")
+        if role not in DEFAULT_ROLES or group not in labels:
+            raise ValueError(
+                f"--roles {item!r}: ROLE must be one of {sorted(DEFAULT_ROLES)} and GROUP one of {labels}"
+            )
+        roles[role] = group
+    devices: int | str = int(args.devices) if str(args.devices).isdigit() else args.devices
+    data_files = None if str(args.data_files).lower() == "none" else args.data_files
+    return StudySetup(
+        argv=tuple(argv),
+        args=args,
+        budget=budget,
+        overrides=overrides,
+        groups=groups,
+        roles=roles,
+        base=_base_spec(args, budget, overrides),
+        data=StudyData(
+            data_files, args.data_path, args.tokenizer, budget.seq_len, budget.batch_size, args.num_workers,
+            args.shuffle_buffer,
+        ),  # fmt: skip
+        settings=TrainerSettings(
+            args.accelerator, devices, args.precision, progress_bar=args.progress_bar, compile=args.compile
+        ),
     )
-    return results, design
 
 
-def base_spec(args: argparse.Namespace, budget: Budget, overrides: dict[str, Any]) -> RunSpec:
-    """The settings every run of one study invocation shares (each run then sets its scheme, rate and seed):
-    ``main``'s runs, and the run ``python -m bhyt_pl bench --parts study_run`` times."""
+def _base_spec(args: argparse.Namespace, budget: Budget, overrides: dict[str, Any]) -> RunSpec:
+    """The settings every run of one study invocation shares (each run then sets its scheme, rate and seed)."""
     config = LlamaConfig.from_name(budget.preset, **overrides)
     return RunSpec(
         label="base",
@@ -601,8 +553,6 @@ def main(argv: list[str] | None = None) -> int:
     """Run the study; 0 when every run finished or diverged (a result), 1 when a run failed with an error."""
     from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-    from bhyt_pl.machine import machine_info
-
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = parser().parse_args(argv)
@@ -610,89 +560,37 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.code or 0)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        budget, overrides = resolve(args)
-        groups = [parse_group(s) for s in args.schemes]
+        if args.report_from is not None:
+            paths = report_from(args.report_from)
+            log.info("report rebuilt from %s: %s", paths["results"], paths["report"])
+            return 0
+        setup = _setup(args, argv)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    labels = [g.label for g in groups]
-    if len(set(labels)) != len(labels):
-        print(f"error: --schemes has duplicates: {labels}", file=sys.stderr)
-        return 2
-    try:
-        check_disjoint(groups)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    roles = dict(DEFAULT_ROLES)
-    for item in args.roles:
-        role, _, group = item.partition("=")
-        if role not in DEFAULT_ROLES or group not in labels:
-            print(
-                f"error: --roles {item!r}: ROLE must be one of {sorted(DEFAULT_ROLES)} and GROUP one of {labels}",
-                file=sys.stderr,
-            )
-            return 2
-        roles[role] = group
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    mode = "study" + ("-sweep" if args.sweep else "") + ("-quick" if args.quick else "")
-    out: Path = args.out if args.out is not None else Path("runs") / mode
-    config = LlamaConfig.from_name(budget.preset, **overrides)
-    base = base_spec(args, budget, overrides)
-    max_loss = base.max_loss
-    devices: int | str = int(args.devices) if str(args.devices).isdigit() else args.devices
-    settings = TrainerSettings(
-        args.accelerator, devices, args.precision, progress_bar=args.progress_bar, compile=args.compile
-    )
-    factory = partial(make_datamodule, args, budget)
-    meta: dict[str, Any] = {
-        "command": "python -m bhyt_pl study " + shlex.join(argv),
-        "mode": mode,
-        "preset": budget.preset,
-        "n_layers_label": "/".join(map(str, budget.depths)) if args.sweep else str(config.n_layers),
-        "overrides": overrides,
-        "steps": budget.steps,
-        "seq_len": budget.seq_len,
-        "batch_size": budget.batch_size,
-        "tokens_per_step": budget.seq_len * budget.batch_size,
-        "tokens_per_run": budget.seq_len * budget.batch_size * budget.steps,
-        "lrs": list(budget.lrs),
-        "seeds": budget.seeds,
-        "selection_seed": "index 0 (seed 42); evaluation seeds: indices 1..N (seeds 43..42+N)",
-        "extensions": budget.extensions,
-        "roles": {k: v for k, v in roles.items() if v in labels},
-        "schemes": labels,
-        "trajectory_every": base.trajectory_every,
-        "workers": args.workers,
-        "compile": args.compile,
-        "data": f"{args.data_files} (tokenizer {args.tokenizer})",
-        "validation": f"{budget.val_batches} fixed batches of {budget.batch_size} x {budget.seq_len}: validation "
-        "loss and depth statistics at every trajectory point",
-        "unigram_loss": None,
-        "max_loss": round(max_loss, 4),
-        "loadavg_at_start": _loadavg(),
-        "machine": machine_info(torch.device("cuda" if args.accelerator in ("gpu", "cuda") else "cpu")),
-    }
+    out, base = setup.out, setup.base
+    meta = setup.meta()
     started = time.perf_counter()
-    batches = fixed_batches(factory(base.data_seed), budget.val_batches)
-    meta["unigram_loss"] = round(unigram_entropy(factory(base.data_seed), batches, 32, config.vocab_size), 4)
-    run = partial(_run, factory=factory, batches=batches, settings=settings, out=out, threads=args.workers > 1)
-    executor: Executor = (
-        _InlineExecutor()
-        if args.workers == 1
-        else ProcessPoolExecutor(args.workers, mp_context=_spawn(), initializer=_init_worker)
+    batches = setup.validation_batches()
+    unigram = unigram_entropy(setup.data(base.data_seed), batches, 32, setup.config.vocab_size)
+    meta["unigram_loss"] = round(unigram, 4)
+    run = partial(
+        runner.run_one, datamodule_factory=setup.data, val_batches=batches, settings=setup.settings, out_dir=out
     )
-    scheduler = Scheduler(executor, run, out, resume=not args.restart)
+    launcher = InlineLauncher(run) if args.workers == 1 else ProcessPoolLauncher(run, args.workers)
+    scheduler = Scheduler(launcher, out, resume=not args.restart)
     results: list[RunResult] = []
-    design = StudyDesign({})
+    design = setup.design()
+    record = StudyRecord(meta, results, design)
 
-    def record(result: RunResult) -> None:
+    def on_result(result: RunResult) -> None:
         results.append(result)
         elapsed = time.perf_counter() - started
-        # v3 plans as it goes (extensions, then the matched arm once every group is selected): the count is
+        # the study plans as it goes (extensions, then the matched arm once every group is selected): the count is
         # final for a sweep, and for the study once every group's selection is done
-        final = args.sweep or len(design.selections) == len(groups)
+        final = design is None or design.complete
         log.info(progress_line(len(results), scheduler.submitted, elapsed, len(scheduler.reused), final))
         log.info(
             "  %s: %s, train loss %.4f, val loss %.4f, %.0f s",
@@ -704,57 +602,33 @@ def main(argv: list[str] | None = None) -> int:
         )
         meta["wall_seconds"] = round(time.perf_counter() - started, 1)
         if rank_zero_only.rank == 0:  # tables after every run: an interrupted study keeps what it measured
-            report.write_report(out, results, meta, groups, design, args.sweep, figures=False)
+            report.write_report(out, record, figures=False)
 
     try:
-        with executor:
-            if args.sweep:
-                specs = sweep_specs(groups, budget.depths, budget.lrs, budget.seeds, base)
-                scheduler.submit(specs)
-                for result in scheduler.finished():
-                    record(result)
-                order = {spec.label: i for i, spec in enumerate(specs)}
-                results.sort(key=lambda r: order[r.spec.label])
-            else:
-                done, _ = run_depth_study(
-                    groups,
-                    budget.lrs,
-                    budget.seeds,
-                    base,
-                    scheduler,
-                    record,
-                    extensions=budget.extensions,
-                    matched_lrs=args.matched_lrs,
-                    design=design,
-                )
-                results[:] = done
+        if design is None:
+            specs = sweep_specs(setup.groups, setup.budget.depths, setup.budget.lrs, setup.budget.seeds, base)
+            results[:] = run_all(specs, scheduler, on_result)
+        else:
+            results[:] = run_depth_study(design, base, scheduler, on_result, matched_lrs=args.matched_lrs)
     finally:  # figures once, at the end or on an interrupt, for the runs that finished
+        launcher.close()
         meta["wall_seconds"] = round(time.perf_counter() - started, 1)
         meta["runs_reused"] = len(scheduler.reused)
         meta["loadavg_at_end"] = _loadavg()
         if rank_zero_only.rank == 0 and results:
-            paths = report.write_report(out, results, meta, groups, design, args.sweep)
+            paths = report.write_report(out, record)
             log.info("study finished in %.0f s; report: %s", meta["wall_seconds"], paths["report"])
     return 1 if any(r.status == "error" for r in results) else 0
 
 
-def _run(
-    spec: RunSpec,
-    factory: Callable[[int], Any],
-    batches: list[dict[str, torch.Tensor]],
-    settings: TrainerSettings,
-    out: Path,
-    threads: bool,
-) -> RunResult:
-    if threads:
-        torch.set_num_threads(1)
-    return run_one(spec, factory, batches, settings, out)
-
-
-def _spawn():
-    import multiprocessing
-
-    return multiprocessing.get_context("spawn")  # fresh interpreters: no forked torch thread pools
+def report_from(folder: Path, figures: bool = True) -> dict[str, Path]:
+    """``report.md`` and (``figures``) the figures of a finished study, rebuilt from ``folder/results.json`` alone
+    (which is read, not written)."""
+    try:
+        record = load(folder)
+    except ValueError as exc:
+        raise ValueError(f"--report-from {str(folder)!r}: {exc}") from exc
+    return report.write_report(folder, record, figures=figures, save=False)
 
 
 def _loadavg() -> str:
@@ -762,25 +636,3 @@ def _loadavg() -> str:
         return " ".join(Path("/proc/loadavg").read_text().split()[:3])
     except OSError:
         return "n/a"
-
-
-def unigram_entropy(
-    datamodule: Any, val_batches: list[dict[str, torch.Tensor]], train_batches: int, vocab_size: int
-) -> float:
-    """Cross-entropy (nats) of the validation tokens under the unigram distribution of ``train_batches``
-    training batches (add-one smoothing): the loss a model reaches by learning token frequencies only."""
-    datamodule.setup("fit")
-    counts: dict[int, int] = {}
-    for i, batch in enumerate(datamodule.train_dataloader()):
-        labels = batch["labels"][batch["labels"] != -100]
-        for token, n in zip(*torch.unique(labels, return_counts=True), strict=True):
-            counts[int(token)] = counts.get(int(token), 0) + int(n)
-        if i + 1 >= train_batches:
-            break
-    total = sum(counts.values()) + vocab_size
-    nll, n = 0.0, 0
-    for batch in val_batches:
-        labels = batch["labels"][batch["labels"] != -100].tolist()
-        nll += sum(-math.log((counts.get(t, 0) + 1) / total) for t in labels)
-        n += len(labels)
-    return nll / max(n, 1)

@@ -1,72 +1,93 @@
 """Per-run scalars the study compares, read from one snapshot of a run (its end, or one trajectory point).
 
-A snapshot is a ``trajectory_point`` record (``bhyt_pl.study.runner``): ``step``, ``val_loss`` and per-layer
-lists (``magnitude``, ``variance``, ``median_magnitude``, ...) measured on the study's fixed validation
-batches. Depth-wise growth (docs/method.md, section 10) is read from layer ``q = max(1, L // 4)`` (1-based)
-to the last layer ``L``: ``growth = ln(value_L / value_q)`` and the least-squares slope of ``ln value``
-against the layer index over ``q .. L``; both skip the first blocks, which write the residual stream's
-outliers, and both are 0 for a profile that stays flat after them.
+A snapshot is a ``trajectory_point`` record (``bhyt_pl.study.measure``): ``step``, ``val_loss`` and the per-layer
+profile of every statistic recorded along training (``magnitude``, ``variance``, ``median_magnitude``, ...)
+measured on the study's fixed validation batches. The metrics are the validation loss and every summary of every
+per-layer statistic declared in ``bhyt_pl.callbacks.layer_stats`` (``magnitude``, ``magnitude_growth``,
+``variance_growth_slope``, ...), read from the registry when asked: a statistic registered later has its metrics
+at once. Depth-wise growth (docs/method.md, section 10) is read from layer ``q = max(1, L // 4)`` (1-based) to
+the last layer ``L``.
+
+Margins (docs/method.md, section 10 says why): nats for the loss, 0.02 (below most published gaps between
+schemes); each statistic's summaries declare their own (ln units for last-layer values and growth).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from bhyt_pl.study.runner import RunResult, log_slope, trajectory_point
+from bhyt_pl.callbacks.layer_stats import LayerStatistic, Summary, statistics
+from bhyt_pl.study.measure import trajectory_point
+from bhyt_pl.study.runner import RunResult
 
-__all__ = ["LOG_METRICS", "METRICS", "final_snapshot", "growth", "growth_slope", "quarter_layer", "snapshots", "value"]
+__all__ = ["VAL_LOSS", "Metric", "final_snapshot", "metric", "metrics", "snapshots", "value"]
 
+Snapshot = Mapping[str, Any]
 
-def quarter_layer(n_layers: int) -> int:
-    """The 1-based layer growth is measured from: ``L // 4`` (at least 1)."""
-    return max(1, n_layers // 4)
-
-
-def growth(values: Sequence[float]) -> float:
-    """``ln(values[L-1] / values[q-1])`` with ``q = quarter_layer(L)``: NaN unless both are finite and > 0."""
-    if not values:
-        return math.nan
-    first, last = values[quarter_layer(len(values)) - 1], values[-1]
-    if not (first > 0 and last > 0 and math.isfinite(first) and math.isfinite(last)):
-        return math.nan
-    return math.log(last / first)
-
-
-def growth_slope(values: Sequence[float]) -> float:
-    """Least-squares slope of ``ln value`` against the layer index over layers ``q .. L`` (per layer)."""
-    return log_slope(list(values), first_layer=quarter_layer(len(values))) if values else math.nan
-
-
-def _last(values: Sequence[float] | None) -> float:
-    return values[-1] if values else math.nan
-
-
-METRICS: dict[str, tuple[str, Callable[[dict[str, Any], int], float]]] = {
-    "val_loss": ("validation loss (nats)", lambda s, d: s.get("val_loss", math.nan)),
-    "magnitude": ("last-layer mean-token magnitude", lambda s, d: _last(s.get("magnitude"))),
-    "median_magnitude": ("last-layer median-token magnitude", lambda s, d: _last(s.get("median_magnitude"))),
-    "magnitude_per_coordinate": (
-        "last-layer mean-token magnitude / sqrt(d)",
-        lambda s, d: _last(s.get("magnitude")) / math.sqrt(d) if d > 0 else math.nan,
-    ),
-    "variance": ("last-layer variance", lambda s, d: _last(s.get("variance"))),
-    "magnitude_growth": ("ln(magnitude at L / at L/4)", lambda s, d: growth(s.get("magnitude", []))),
-    "variance_growth": ("ln(variance at L / at L/4)", lambda s, d: growth(s.get("variance", []))),
-    "magnitude_growth_slope": (
-        "slope of ln magnitude over layers L/4..L",
-        lambda s, d: growth_slope(s.get("magnitude", [])),
-    ),
-    "variance_growth_slope": (
-        "slope of ln variance over layers L/4..L",
-        lambda s, d: growth_slope(s.get("variance", [])),
-    ),
+_DESCRIPTIONS = {
+    "last": "last-layer {name} ({unit})",
+    "growth": "ln({name} at L / at L/4)",
+    "growth_slope": "slope of ln {name} over layers L/4..L",
+    "slope": "slope of ln {name} over layers 2..L",
+    "layer_mean": "{name}, mean over layers ({unit})",
 }
-"""``name -> (description, fn(snapshot, model width) -> value)``."""
 
-LOG_METRICS = frozenset({"magnitude", "median_magnitude", "magnitude_per_coordinate", "variance"})
-"""Compared between runs as ``ln(a) - ln(b)`` (ratios: they span orders of magnitude across schemes)."""
+
+@dataclass(frozen=True)
+class Metric:
+    """One per-run scalar.
+
+    Args:
+        name: its name in claims and ``results.json``.
+        description: what it is.
+        read: ``(snapshot, model width) -> value`` on its own scale.
+        log: compared between runs as ``ln(a) - ln(b)`` (a ratio spanning orders of magnitude).
+        margin: equivalence / non-inferiority margin on its comparison scale; None: no such claim on it.
+        statistic, summary: the per-layer statistic and summary it comes from (None for the validation loss).
+    """
+
+    name: str
+    description: str
+    read: Callable[[Snapshot, int], float]
+    log: bool = False
+    margin: float | None = None
+    statistic: LayerStatistic | None = None
+    summary: Summary | None = None
+
+
+VAL_LOSS = Metric("val_loss", "validation loss (nats)", lambda s, d: s.get("val_loss", math.nan), margin=0.02)
+
+
+def _summary_metric(stat: LayerStatistic, summary: Summary) -> Metric:
+    return Metric(
+        summary.metric(stat.name),
+        _DESCRIPTIONS[summary.kind].format(name=stat.name.replace("_", " "), unit=stat.unit),
+        lambda s, d: summary.value(stat.profile(s, d)),
+        summary.log,
+        summary.margin,
+        stat,
+        summary,
+    )
+
+
+def metrics() -> dict[str, Metric]:
+    """Every metric, by name: the validation loss, then each registered statistic's summaries in order."""
+    out = {VAL_LOSS.name: VAL_LOSS}
+    for stat in statistics():
+        for summary in stat.summaries:
+            out[summary.metric(stat.name)] = _summary_metric(stat, summary)
+    return out
+
+
+def metric(name: str) -> Metric:
+    """The metric called ``name`` (``ValueError`` listing every metric otherwise)."""
+    known = metrics()
+    if name not in known:
+        raise ValueError(f"metric must be one of {sorted(known)}, got {name!r}")
+    return known[name]
 
 
 def final_snapshot(r: RunResult) -> dict[str, Any]:
@@ -83,14 +104,15 @@ def snapshots(r: RunResult) -> dict[int, dict[str, Any]]:
     return {int(p["step"]): p for p in r.trajectory}
 
 
-def value(r: RunResult, metric: str, snapshot: dict[str, Any] | None = None) -> float:
-    """``metric`` of run ``r`` at ``snapshot`` (default: its end), on the comparison scale (ln for
-    ``LOG_METRICS``); NaN for a run that diverged or failed."""
-    if metric not in METRICS:
-        raise ValueError(f"metric must be one of {sorted(METRICS)}, got {metric!r}")
+def value(r: RunResult, name: str, snapshot: Snapshot | None = None, compare: bool = True) -> float:
+    """Metric ``name`` of run ``r`` at ``snapshot`` (default: its end), on the comparison scale (ln for a ``log``
+    metric) unless ``compare`` is False; NaN for a run that diverged or failed."""
+    m = metric(name)
     if r.status != "ok":
         return math.nan
-    x = METRICS[metric][1](final_snapshot(r) if snapshot is None else snapshot, r.dim)
-    if metric in LOG_METRICS:
-        return math.log(x) if x is not None and math.isfinite(x) and x > 0 else math.nan
-    return x if x is not None else math.nan
+    x = m.read(final_snapshot(r) if snapshot is None else snapshot, r.dim)
+    if x is None:
+        return math.nan
+    if m.log and compare:
+        return math.log(x) if math.isfinite(x) and x > 0 else math.nan
+    return x

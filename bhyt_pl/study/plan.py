@@ -1,9 +1,6 @@
-"""What a study runs: scheme groups (a ``--schemes`` entry, possibly a grid), the learning-rate protocol and
-the run lists of both modes.
-
-A ``--schemes`` entry is ``name[:key=value,...]``; a value written ``v1|v2|...`` is a grid over that
-option (several grid options: every combination), e.g. ``dyt:alpha_attn=0.5|1.0|2.0``. Every grid
-point is a candidate; the protocol picks one per group.
+"""What a study runs: the learning-rate protocol's rules and the run lists of both modes, for the scheme groups
+of ``bhyt_pl.study.design`` (a ``--schemes`` entry, possibly a grid of candidates; the protocol picks one per
+group).
 
 Depth study protocol v3 (docs/depth_study.md): selection and evaluation use different seeds.
 
@@ -21,25 +18,21 @@ Depth study protocol v3 (docs/depth_study.md): selection and evaluation use diff
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
+from bhyt_pl.study.design import SchemeGroup, Selection, rate_key
 from bhyt_pl.study.runner import RunResult, RunSpec
-from bhyt_pl.variants import Variant, parse_variant, split_options
+from bhyt_pl.variants import Variant
 
 __all__ = [
     "SELECTION_SEED",
-    "SchemeGroup",
-    "Selection",
-    "check_disjoint",
     "choose",
     "default_matched_lrs",
     "evaluation_seeds",
     "evaluation_specs",
     "extension_lr",
-    "parse_group",
     "run_label",
     "select",
     "selection_specs",
@@ -48,48 +41,6 @@ __all__ = [
 
 SELECTION_SEED = 0
 """Seed index of the selection runs; evaluation seeds are ``1 .. n`` (``evaluation_seeds``)."""
-
-
-@dataclass(frozen=True)
-class SchemeGroup:
-    """One ``--schemes`` entry: its text (the label of every table row) and its grid candidates."""
-
-    label: str
-    norm: str
-    candidates: tuple[Variant, ...]
-
-
-def parse_group(text: str) -> SchemeGroup:
-    """``"dyt:alpha_attn=0.5|1.0,bias=True"`` -> a group with two candidates; each is built once to validate it."""
-    name, _, rest = text.partition(":")
-    options = [item for item in split_options(rest) if item]
-    choices = []
-    for item in options:
-        key, eq, value = item.partition("=")
-        if not eq:
-            parse_variant(text)  # raises the scheme parser's error naming the option
-        choices.append([f"{key}={v}" for v in value.split("|")])
-    candidates = []
-    for combo in itertools.product(*choices):
-        variant = parse_variant(name + (":" + ",".join(combo) if combo else ""))
-        candidates.append(variant)
-    return SchemeGroup(text, candidates[0].norm, tuple(candidates))
-
-
-def check_disjoint(groups: Sequence[SchemeGroup]) -> None:
-    """Raise ``ValueError`` when a candidate belongs to two groups: its runs would have the same labels
-    (``run_label``), so the second group's runs would be dropped as duplicates and it would never be selected."""
-    owner: dict[str, str] = {}
-    problems = []
-    for g in groups:
-        for v in g.candidates:
-            first = owner.setdefault(v.label, g.label)
-            if first != g.label:
-                problems.append(f"candidate {v.label!r} is in both group {first!r} and group {g.label!r}")
-    if problems:
-        raise ValueError(
-            "--schemes: " + "; ".join(problems) + "; give each candidate in one group only (drop it from one entry)"
-        )
 
 
 def run_label(variant: Variant, lr: float, seed_index: int) -> str:
@@ -157,54 +108,20 @@ def extension_lr(lr: float, tried: Sequence[float], grid: Sequence[float]) -> fl
     return None
 
 
-@dataclass(frozen=True)
-class Selection:
-    """A group's choice on the selection seed.
-
-    Args:
-        group: the group label.
-        chosen: the kept selection run (None when every selection run diverged or failed).
-        runs: the group's selection runs (candidates x rates, and the extensions).
-        extensions: the rates added beyond the grid, highest first.
-        edge: ``"lowest"`` / ``"highest"`` when the kept rate is still at that end of its candidate's tried
-            rates (the best rate may lie beyond), ``"single rate"`` when its candidate tried one rate, else ``""``.
-    """
-
-    group: str
-    chosen: RunResult | None
-    runs: tuple[RunResult, ...]
-    extensions: tuple[float, ...] = ()
-    edge: str = ""
-
-    @property
-    def budget(self) -> int:
-        """Selection runs spent on the group (candidates x rates + extensions)."""
-        return len(self.runs)
-
-    @property
-    def lr(self) -> float:
-        return self.chosen.spec.lr if self.chosen is not None else math.nan
-
-    @property
-    def candidate(self) -> str:
-        return self.chosen.spec.candidate if self.chosen is not None else ""
-
-
 def select(
     group: SchemeGroup, runs: Sequence[RunResult], grid: Sequence[float], limit: int, base: RunSpec
 ) -> Selection | RunSpec:
     """Steps 1-2 for one group from its finished selection runs: the ``Selection`` when it is complete, or the
     next extension run to train (the kept rate sits at an edge and fewer than ``limit`` extensions ran)."""
-    grid_rates = set(grid)
-    extensions = tuple(sorted({r.spec.lr for r in runs if r.spec.lr not in grid_rates}, key=lambda lr: -lr))
+    grid_rates = {rate_key(lr) for lr in grid}
+    extensions = tuple(sorted({r.spec.lr for r in runs if rate_key(r.spec.lr) not in grid_rates}, key=lambda lr: -lr))
     best = choose(runs)
     if _loss(best) == math.inf:
         return Selection(group.label, None, tuple(runs), extensions)
     tried = sorted({r.spec.lr for r in runs if r.spec.candidate == best.spec.candidate})
     step = extension_lr(best.spec.lr, tried, grid)
     if step is not None and len(extensions) < limit:
-        variant = next(v for v in group.candidates if v.label == best.spec.candidate)
-        return _spec(base, group, variant, step, SELECTION_SEED)
+        return _spec(base, group, group.candidate(best.spec.candidate), step, SELECTION_SEED)
     edge = ""
     if len(tried) < 2 or best.spec.lr == tried[0]:
         edge = "lowest" if len(tried) >= 2 else "single rate"
@@ -221,7 +138,11 @@ def default_matched_lrs(selections: Sequence[Selection], grid: Sequence[float], 
         ok = True
         for s in selections:
             run = next(
-                (r for r in s.runs if s.chosen is not None and r.spec.candidate == s.candidate and r.spec.lr == lr),
+                (
+                    r
+                    for r in s.runs
+                    if s.chosen is not None and r.spec.candidate == s.candidate and rate_key(r.spec.lr) == rate_key(lr)
+                ),
                 None,
             )
             ok = ok and run is not None and run.status == "ok" and math.isfinite(run.val_loss)
@@ -240,11 +161,14 @@ def evaluation_specs(
     layer-importance measurements (the group table and the importance table report those runs only)."""
     if selection.chosen is None:
         return []
-    variant = next(v for v in group.candidates if v.label == selection.candidate)
-    rates = list(dict.fromkeys([selection.lr, *matched_lrs]))
+    variant = group.candidate(selection.candidate)
+    rates: dict[str, float] = {}  # by rate key: a matched rate equal to the best one is trained once
+    for lr in (selection.lr, *matched_lrs):
+        rates.setdefault(rate_key(lr), lr)
+    best = rate_key(selection.lr)
     return [
-        _spec(base, group, variant, lr, i, reported=lr == selection.lr)
-        for lr in rates
+        _spec(base, group, variant, lr, i, reported=key == best)
+        for key, lr in rates.items()
         for i in evaluation_seeds(n_seeds)
     ]
 

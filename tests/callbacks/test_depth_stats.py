@@ -229,11 +229,39 @@ def test_tensorboard_event_file_has_scalars_and_figures(tmp_path: Path) -> None:
     assert width > 100 and height > 100
 
 
+def test_statistics_asked_for_are_logged_with_their_reductions() -> None:
+    """The study's robust magnitudes on the training batch: the median token (a quantile over tokens, position 0 left
+    out) and the mean token without the batch's two largest mean-|y| channels, against the blocks run by hand."""
+    lm = hand_set_lm("rmsnorm")
+    ids = first_batch(TokenDataModule())
+    model = lm.model
+    with torch.no_grad():
+        x = model.emb_norm(model.embed(ids))
+        cos, sin = model.rope(0, ids.shape[1], ids.device, x.dtype)
+        expected = {"median": [], "top2": []}
+        for block in model.layers:
+            x = block(x, cos, sin)
+            y = x.double()
+            expected["median"].append(y[:, 1:].norm(dim=-1).flatten().sort().values[(4 * 31 - 1) // 2].item())
+            keep = torch.ones(y.shape[-1], dtype=torch.bool)
+            keep[y.abs().mean(dim=(0, 1)).topk(2).indices] = False
+            expected["top2"].append(y[..., keep].norm(dim=-1).mean().item())
+    logger = MemoryLogger()
+    names = ["median_magnitude", "magnitude_top2_removed"]
+    fit(lm, DepthStatsMonitor(every_n_steps=100, figures=False, statistics=names), logger, max_steps=1)
+    logged = logger.history[1]
+    for i in range(TINY_OVERRIDES["n_layers"]):
+        assert logged[f"depth/median_magnitude/layer_{i:02d}"] == pytest.approx(expected["median"][i], rel=1e-5)
+        assert logged[f"depth/magnitude_top2_removed/layer_{i:02d}"] == pytest.approx(expected["top2"][i], rel=1e-5)
+    assert not any(k.startswith("depth/magnitude/") or k.startswith("depth/site_rms/") for k in logged)  # not asked
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
         ({"every_n_steps": 0}, "every_n_steps must be an int >= 1"),
         ({"saturation_threshold": 0}, "saturation_threshold"),
+        ({"statistics": ["loudness"]}, "unknown statistic 'loudness'; registered: \\['magnitude'"),
     ],
 )
 def test_bad_arguments(kwargs: dict, message: str) -> None:

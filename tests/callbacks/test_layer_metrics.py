@@ -69,3 +69,39 @@ def test_cross_rank_reduction_sums_sums_and_counts_and_takes_the_largest_maximum
         assert got == {"a/layer_00": pytest.approx(15.0 / 4), "m/layer_00": 7.0}  # not the mean of means (3.5)
     # a summing reduce of the packed values (StabilityMonitor's path) gives the same means
     assert ranks[0].unpack((packed[0] + packed[1]).tolist())["a/layer_00"] == pytest.approx(15.0 / 4)
+
+
+def test_a_quantile_over_ranks_is_the_quantile_of_every_ranks_values() -> None:
+    """Ranks with different token counts: the counts travel first, then the values padded to the largest."""
+    values = [torch.tensor([5.0, 1.0, 9.0]), torch.tensor([4.0, 2.0, 8.0, 6.0, 3.0])]
+    ranks = [LayerMetrics(), LayerMetrics()]
+    for r, v in zip(ranks, values, strict=True):
+        r.sample("med/layer_00", v[:2], q=0.5)  # two passes: the values of both count
+        r.sample("med/layer_00", v[2:], q=0.5)
+        r.add("a/layer_00", v.sum(), v.numel())
+    joined = torch.cat(values).sort().values  # 1..9 without 7: 8 values, the lower middle is 4
+    assert ranks[0].keys() == ["a/layer_00", "med/layer_00"]
+
+    def gather_for(rank: int):
+        calls = iter(range(3))  # the packed means, then the counts, then the padded values of each rank
+
+        def all_gather(t: torch.Tensor) -> torch.Tensor:
+            step = next(calls)
+            if step == 0:
+                return torch.stack([r.pack() for r in ranks])
+            if step == 1:
+                return torch.tensor([[3], [5]])
+            padded = [torch.cat([v, torch.zeros(5 - v.numel())]) for v in values]
+            return torch.stack(padded)
+
+        return all_gather
+
+    for rank in (0, 1):
+        got = ranks[rank].compute(gather_for(rank))
+        assert got["med/layer_00"] == float(joined[(len(joined) - 1) // 2]) == float(torch.cat(values).median()) == 4.0
+        assert got["a/layer_00"] == pytest.approx(float(torch.cat(values).mean()))
+    single = LayerMetrics()
+    single.sample("q/layer_00", torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0]), q=0.9)  # rank floor(0.9 * 4) = 3: 4.0
+    assert single.compute() == {"q/layer_00": 4.0}
+    with pytest.raises(ValueError, match="quantile 0.25 asked after 0.9"):
+        single.sample("q/layer_00", torch.tensor([1.0]), q=0.25)

@@ -5,11 +5,17 @@ matched rate, so both arms read the same runs."""
 
 from __future__ import annotations
 
+import inspect
 import math
+from dataclasses import replace
 
 import pytest
+from study_fixtures import kept_design, synthetic_set
 
-from bhyt_pl.study.claims import CLAIMS, Design, evaluate
+from bhyt_pl.study import claims as claims_module
+from bhyt_pl.study import metrics as metrics_module
+from bhyt_pl.study.claims import CLAIMS, ClaimSpec, evaluate
+from bhyt_pl.study.design import StudyDesign
 from bhyt_pl.study.runner import RunResult, RunSpec
 from bhyt_pl.study.stats import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
 
@@ -32,7 +38,7 @@ BOUNDS = {  # the runner's variance_bound diagnostic: kappa 10, 4 layers (thresh
 ROLES = {"BHyT": "bhyt", "BHyT*": "bhyt_exact", "RMSNorm": "rmsnorm", "LNS": "lns", "DyT": "dyt"}
 
 
-def _study(data: dict) -> tuple[list[RunResult], Design]:
+def _study(data: dict) -> tuple[list[RunResult], StudyDesign]:
     results = []
     for group, (loss, magnitude, variance) in data.items():
         for seed in (1, 2, 3):
@@ -46,7 +52,7 @@ def _study(data: dict) -> tuple[list[RunResult], Design]:
                     spec, n_layers=2, val_loss=loss[seed - 1], depth_final=depth, variance_bound=BOUNDS.get(group)
                 )
             )
-    design = Design({g: 1e-3 for g in data}, {g: g for g in data}, (1e-3,))
+    design = kept_design({g: 1e-3 for g in data}, (1e-3,))
     return results, design
 
 
@@ -142,3 +148,110 @@ def test_claims_follow_roles_not_labels() -> None:
     assert len(items) + len(skipped) == len(CLAIMS)
     results, design = _study({k: DATA[k] for k in ("derf", "rmsnorm")})
     assert evaluate(results, design, {"RMSNorm": "rmsnorm"})[0] == []  # derf plays no role
+
+
+def test_a_claim_added_as_one_table_row_is_evaluated_by_hand() -> None:
+    results, design = synthetic_set()
+    row = ClaimSpec(
+        "A's median-token magnitude is below B's", "Figure 3", "A", "B", "median_magnitude", "matched", "lower"
+    )
+    items, skipped = evaluate(results, design, {"A": "a", "B": "b"}, claims=(*CLAIMS, row))
+    assert len(skipped) == len(CLAIMS)  # the table's roles have no group here
+    (claim,) = items
+    # by hand: ln(median_a / median_b) = ln(last_a / last_b) = -1 + offset/2 at 3e-3 and 0.5 + offset/2 at 1e-2
+    low, high = claim.tests
+    assert [t.rate for t in claim.tests] == ["0.003", "0.01"]
+    assert low.difference.mean == pytest.approx(-1.0) and high.difference.mean == pytest.approx(0.5)
+    # sd of the offsets/2 (0, 0.05, -0.05) is 0.05; t_{0.975,2} = 4.302653
+    half = 4.302653 * 0.05 / math.sqrt(3)
+    assert low.difference.high == pytest.approx(-1.0 + half, rel=1e-5)
+    assert (low.verdict, high.verdict) == ("reproduced", "not reproduced")
+    assert claim.verdict == "depends on the learning rate"
+    assert low.target_runs == ["a@lr0.003-s1", "a@lr0.003-s2", "a@lr0.003-s3"]
+    assert low.baseline_runs == ["b@lr0.003-s1", "b@lr0.003-s2", "b@lr0.003-s3"]
+    data = claim.to_dict()
+    assert data["tests"][1]["runs"]["target"] == ["a@lr0.01-s1", "a@lr0.01-s2", "a@lr0.01-s3"]
+
+
+def test_best_arm_pairs_each_group_at_its_own_rate_and_holm_adjusts_the_family() -> None:
+    results, design = synthetic_set()
+    rows = (
+        ClaimSpec("A's loss is below B's", "Table 1", "A", "B", "val_loss", "best", "lower"),
+        ClaimSpec("A ~ B in magnitude", "Figure 3", "A", "B", "magnitude", "matched", "equivalent", margin=0.1),
+    )
+    items, _ = evaluate(results, design, {"A": "a", "B": "b"}, claims=rows)
+    loss, approx = items
+    (t,) = loss.tests
+    assert t.lrs == (1e-3, 3e-3)
+    # by hand: (2.9 + o + 0.01 i) - (3.0 + o) = -0.1 + 0.01 i: -0.09, -0.08, -0.07
+    assert t.difference.mean == pytest.approx(-0.08)
+    assert t.target_runs[0] == "a@lr0.001-s1" and t.baseline_runs[0] == "b@lr0.003-s1"
+    # Holm over the family of 3 tests (1 + 2 matched rates): each adjusted p is m - rank + 1 times the raw
+    family = sorted([t, *approx.tests], key=lambda x: x.p_for)
+    expected, running = [], 0.0
+    for rank, x in enumerate(family):
+        running = max(running, min(1.0, (3 - rank) * x.p_for))
+        expected.append(running)
+    assert [x.holm_p_for for x in family] == pytest.approx(expected)
+
+
+def test_claims_over_training_on_synthetic_trajectories() -> None:
+    results, design = synthetic_set()
+    row = ClaimSpec("A's last-layer magnitude is below B's", "Figure 3", "A", "B", "magnitude", "matched", "lower")
+    (claim,), _ = evaluate(results, design, {"A": "a", "B": "b"}, claims=(row,), tokens_per_step=64)
+    points = claim.tests[0].over_training
+    # step 0: both profiles are all ones -> difference 0 on every seed (sd 0): inconclusive; step 10: the end
+    assert [p["step"] for p in points] == [0, 10] and [p["tokens"] for p in points] == [0, 640]
+    assert points[0]["mean"] == 0.0 and points[0]["verdict"] == "inconclusive"
+    assert points[1]["mean"] == pytest.approx(-1.0) and points[1]["verdict"] == "reproduced"
+    assert points[1]["mean"] == pytest.approx(claim.tests[0].difference.mean)
+
+
+@pytest.mark.parametrize("trajectory", ["kept", "none"])
+def test_a_diverged_run_has_no_pair_at_any_point(trajectory: str) -> None:
+    """One diverged seed loses its own pair at every step; the other seeds still give every point over training
+    (a diverged run records no snapshots, so steps shared by every run would be none)."""
+    results, design = synthetic_set()
+    diverged = {"status": "diverged"} if trajectory == "kept" else {"status": "diverged", "trajectory": []}
+    results = [replace(r, **diverged) if r.spec.label == "a@lr0.003-s1" else r for r in results]
+    row = ClaimSpec("A below B", "Figure 3", "A", "B", "magnitude", "matched", "lower")
+    (claim,), _ = evaluate(results, design, {"A": "a", "B": "b"}, claims=(row,))
+    points = claim.tests[0].over_training
+    assert claim.tests[0].difference.n == 2
+    assert [p["step"] for p in points] == [0, 10] and [p["n"] for p in points] == [2, 2]
+    assert points[1]["mean"] == pytest.approx(claim.tests[0].difference.mean)
+
+
+def test_the_theorem_condition_decides_whether_the_claim_applies() -> None:
+    results, design = synthetic_set()
+    bound = {"kappa": 1.0, "n_layers": 4, "lambda_attn": 0.4, "lambda_mlp": 0.4, "at_init": {"all": True}}
+    with_bound = [replace(r, variance_bound=bound) if r.spec.group == "a" else r for r in results]
+    row = ClaimSpec(
+        "theorem", "theorem", "A", "B", "variance", "matched", "lower", condition="variance_bound", bound=True
+    )
+    (claim,), _ = evaluate(with_bound, design, {"A": "a", "B": "b"}, claims=(row,))
+    assert claim.applies and claim.condition == "lambda/kappa = 0.4 < 1/sqrt(4) = 0.5"
+    assert claim.verdict.endswith("(trained last layer vs a bound stated at initialisation)")
+    outside = {**bound, "lambda_attn": 0.6, "at_init": {"all": False}}
+    failing = [replace(r, variance_bound=outside) if r.spec.group == "a" else r for r in results]
+    (claim,), _ = evaluate(failing, design, {"A": "a", "B": "b"}, claims=(row,))
+    assert not claim.applies and claim.verdict == "outside the theorem"
+
+
+def test_claim_rows_reject_unknown_fields() -> None:
+    with pytest.raises(ValueError, match="metric must be one of"):
+        ClaimSpec("x", "Figure 3", "A", "B", "loudness", "matched", "lower")
+    with pytest.raises(ValueError, match="arm must be one of"):
+        ClaimSpec("x", "Figure 3", "A", "B", "magnitude", "sometimes", "lower")
+    with pytest.raises(ValueError, match="rule must be one of"):
+        ClaimSpec("x", "Figure 3", "A", "B", "magnitude", "matched", "smaller")
+
+
+def test_every_table_row_names_a_paper_statement_and_evaluation_code_names_no_scheme() -> None:
+    from bhyt_pl.norms import registered_norms
+
+    assert all(c.source in ("abstract", "Figure 3", "Table 1", "theorem") for c in CLAIMS)
+    code = inspect.getsource(claims_module.evaluate) + inspect.getsource(claims_module._test)
+    code += inspect.getsource(metrics_module)
+    for name in registered_norms():
+        assert f'"{name}"' not in code and f"'{name}'" not in code, name

@@ -1,5 +1,5 @@
 """Seed aggregation of the study: t-intervals, the verdict rules' p-values (directional, non-inferiority, TOST)
-and Holm's adjustment against hand computations, paired differences, and the selection-seed choice."""
+and Holm's adjustment against hand computations, and paired differences."""
 
 from __future__ import annotations
 
@@ -8,8 +8,6 @@ import math
 import pytest
 
 from bhyt_pl.study import stats
-from bhyt_pl.study.plan import choose, parse_group, selection_specs
-from bhyt_pl.study.runner import RunResult, RunSpec
 
 
 def test_interval_matches_a_hand_computation() -> None:
@@ -102,47 +100,6 @@ def test_undefined_interval_is_inconclusive() -> None:
         assert stats.label_from_p(*stats.rule_p_values(one, rule, margin)) == "inconclusive"
     with pytest.raises(ValueError, match="rule must be one of"):
         stats.rule_p_values(one, "smaller")
-
-
-def test_lr_selection_picks_lowest_validation_loss_and_skips_diverged() -> None:
-    group = parse_group("dyt:alpha_attn=0.5|1.0")
-    assert [v.norm_args for v in group.candidates] == [{"alpha_attn": 0.5}, {"alpha_attn": 1.0}]
-    base = RunSpec(label="base", norm="rmsnorm", seed=42, data_seed=7)
-    specs = selection_specs(group, [1e-3, 1e-2], base)
-    assert [s.label for s in specs] == [
-        "dyt:alpha_attn=0.5@lr0.001-s0",
-        "dyt:alpha_attn=0.5@lr0.01-s0",
-        "dyt:alpha_attn=1.0@lr0.001-s0",
-        "dyt:alpha_attn=1.0@lr0.01-s0",
-    ]
-    losses = [5.0, 4.0, 4.5, math.nan]
-    results = [RunResult(spec=s, val_loss=v) for s, v in zip(specs, losses, strict=True)]
-    results[3].status = "diverged"
-    results[1].status = "diverged"  # the lowest loss, but diverged: not eligible
-    winner = choose(results)
-    assert winner.spec.label == "dyt:alpha_attn=1.0@lr0.001-s0"
-    assert [(s.seed_index, s.seed, s.data_seed, s.candidate) for s in specs[:1]] == [(0, 42, 7, "dyt:alpha_attn=0.5")]
-
-
-def test_lr_selection_ties_keep_the_first() -> None:
-    group = parse_group("rmsnorm")
-    specs = selection_specs(group, [1e-3, 3e-3], RunSpec(label="b", norm="rmsnorm"))
-    assert choose([RunResult(spec=s, val_loss=4.0) for s in specs]).spec.lr == 1e-3
-
-
-def test_every_registered_scheme_parses_as_a_group() -> None:
-    from bhyt_pl.norms import registered_norms
-
-    for name in registered_norms():
-        group = parse_group(name)
-        assert group.norm == name and len(group.candidates) == 1
-
-
-def test_bad_grid_option_is_rejected() -> None:
-    with pytest.raises(ValueError, match="must be key=value"):
-        parse_group("bhyt:lambda_attn")
-    with pytest.raises(ValueError, match="unknown scheme"):
-        parse_group("nonorm")
 
 
 def test_seeds_needed_for_a_decisive_interval() -> None:

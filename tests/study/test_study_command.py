@@ -1,22 +1,19 @@
-"""``python -m bhyt_pl study``: a --quick-sized run end to end on a tiny budget (seeds, LR selection, claims,
-trajectories, layer importance), resume, divergence detection, a failing run that does not end the study,
-the sweep grid, removed flags and argument errors. Aggregation and verdicts: tests/study/test_stats.py."""
+"""``python -m bhyt_pl study`` (``bhyt_pl.study.command``): a --quick-sized run end to end on a tiny budget (seeds, LR
+selection, claims, trajectories, layer importance), resume, divergence detection, a failing run that does not end
+the study, the sweep grid, ``--report-from``, removed flags, argument errors and the setup the bench reuses."""
 
 from __future__ import annotations
 
 import json
 import math
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
-import torch
 
 from bhyt_pl.study import command, main, runner
-from bhyt_pl.study.command import parser, resolve
-from bhyt_pl.study.plan import check_disjoint, parse_group
-from bhyt_pl.study.report import GROUP_COLUMNS
-from bhyt_pl.study.runner import DivergenceMonitor, log_slope
+from bhyt_pl.study.command import parser, prepare, resolve
+from bhyt_pl.study.design import check_disjoint, parse_group
+from bhyt_pl.study.tables import group_columns
 
 # a tiny budget on top of --quick: 2 layers, a few steps of 2 x 32 tokens
 TINY = ["--quick", "--layers", "2", "--steps", "3", "--seq-len", "32", "--batch-size", "2", "--val-batches", "4"]
@@ -84,17 +81,24 @@ def test_quick_study_protocol_v3_end_to_end_and_resume(tmp_path: Path, monkeypat
     assert [t["rate"] for t in magnitude["tests"]] == ["0.001", "0.003"]
     assert [p["step"] for p in magnitude["tests"][0]["over_training"]] == [0, 2, 4]
     text = (out / "report.md").read_text()
-    assert "| " + " | ".join(GROUP_COLUMNS) + " |" in text
+    assert "| " + " | ".join(c.header for c in group_columns()) + " |" in text
     assert "| claim | arm | rate(s) | difference [95 % CI] | verdict | Holm-adjusted verdict |" in text
     bound = next(r["variance_bound"] for r in runs.values() if r["variance_bound"])
     assert bound["n_layers"] == 2 and bound["threshold"] == pytest.approx(1 / math.sqrt(2))
     assert "| lr 0.001 | lr 0.003 |" in text and "**" in text
+    # the report again from results.json alone: the same text, every figure, no run folder read
+    rebuilt = tmp_path / "rebuilt"
+    rebuilt.mkdir()
+    (rebuilt / "results.json").write_text((out / "results.json").read_text())
+    assert main(["--report-from", str(rebuilt)]) == 0
+    assert (rebuilt / "report.md").read_text() == text
+    assert sorted(p.name for p in rebuilt.glob("*.png")) == sorted(p.name for p in out.glob("*.png"))
 
     # resume: every run finished, so a second invocation trains nothing and reports the same runs
     def no_training(*args, **kwargs):
         raise AssertionError("a finished run was retrained")
 
-    monkeypatch.setattr(command, "run_one", no_training)
+    monkeypatch.setattr(runner, "run_one", no_training)
     before = (out / "results.json").read_text()
     assert main(argv) == 0
     again = json.loads((out / "results.json").read_text())
@@ -110,13 +114,13 @@ def test_resume_retrains_only_the_missing_run(tmp_path: Path, monkeypatch: pytes
     assert main(argv) == 0
     (out / "runs" / "rmsnorm@lr0.001-s1" / "result.json").unlink()  # as if killed during the first evaluation seed
     trained: list[str] = []
-    real = command.run_one
+    real = runner.run_one
 
     def counting(spec, *args, **kwargs):
         trained.append(spec.label)
         return real(spec, *args, **kwargs)
 
-    monkeypatch.setattr(command, "run_one", counting)
+    monkeypatch.setattr(runner, "run_one", counting)
     assert main(argv) == 0
     assert trained == ["rmsnorm@lr0.001-s1"]
 
@@ -182,27 +186,8 @@ def test_quick_sweep_grid(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> N
     text = (out / "report.md").read_text()
     assert "| scheme | layers | lr 0.001 | lr 100 |" in text and "**diverged** @" in text
     assert (out / "sweep_grid.png").stat().st_size > 0
-
-
-def _fake_trainer(step: int) -> SimpleNamespace:
-    strategy = SimpleNamespace(reduce=lambda t, reduce_op: t)
-    return SimpleNamespace(global_step=step, world_size=1, should_stop=False, strategy=strategy)
-
-
-@pytest.mark.parametrize(("loss", "diverged"), [(4.0, False), (5.5, True), (math.nan, True), (math.inf, True)])
-def test_divergence_monitor_bound(loss: float, diverged: bool) -> None:
-    monitor = DivergenceMonitor(max_loss=5.0)
-    trainer = _fake_trainer(7)
-    batch = {"input_ids": torch.zeros(2, 3, dtype=torch.long)}
-    monitor.on_train_batch_end(trainer, None, {"loss": torch.tensor(loss)}, batch, 0)
-    assert trainer.should_stop is diverged
-    assert monitor.diverged_step == (7 if diverged else None)
-    assert monitor.tokens == 6 and monitor.losses[0][0] == 7
-
-
-def test_divergence_monitor_rejects_bad_bound() -> None:
-    with pytest.raises(ValueError, match="max_loss must be > 0"):
-        DivergenceMonitor(max_loss=0.0)
+    (out / "report.md").unlink()
+    assert main(["--report-from", str(out)]) == 0 and (out / "report.md").read_text() == text
 
 
 @pytest.mark.parametrize(
@@ -215,6 +200,7 @@ def test_divergence_monitor_rejects_bad_bound() -> None:
         (["--sweep", "--layers", "4"], "--layers does not apply to --sweep"),
         (["--lrs", "0"], "--lrs must be > 0"),
         (["--lrs", "1e-3", "1e-3"], "--lrs has duplicates"),
+        (["--lrs", "1e-3", "0.0010000001"], "--lrs has duplicates .*share a run label"),
         (["--seeds", "0"], "--seeds must be >= 1"),
         (["--workers", "0"], "--workers must be >= 1"),
         (["--val-batches", "2"], "--val-batches must be >= 4"),
@@ -251,18 +237,6 @@ def test_a_candidate_in_two_groups_exits_2_naming_both_before_any_run(
     check_disjoint([parse_group("dyt:alpha_attn=0.5|1.0"), parse_group("dyt:alpha_attn=2.0")])  # disjoint: fine
 
 
-def test_progress_line_says_run_k_of_n_and_the_time_left() -> None:
-    """``study`` printed nothing between runs (a default study takes about 50 minutes)."""
-    assert command.progress_line(3, 10, 60.0) == "study: run 3 of 10 done; about 2.3 min left"  # 20 s a run, 7 left
-    assert command.progress_line(3, 10, 60.0, reused=1) == "study: run 3 of 10 done; about 3.5 min left"
-    assert command.progress_line(9, 10, 18.0) == "study: run 9 of 10 done; about 2 s left"
-    assert command.progress_line(10, 10, 100.0) == "study: run 10 of 10 done"
-    assert command.progress_line(2, 10, 0.0, reused=2) == "study: run 2 of 10 done"  # no pace yet
-    # while the protocol may still add runs (grid extensions, the matched arm) both figures are lower bounds
-    line = command.progress_line(3, 10, 60.0, final=False)
-    assert line == "study: run 3 of at least 10 done; about 2.3 min left (at least)"
-
-
 def test_quick_defaults_are_smaller_than_full() -> None:
     quick, _ = resolve(parser().parse_args(["--quick"]))
     full, overrides = resolve(parser().parse_args([]))
@@ -288,8 +262,35 @@ def test_help_shows_seeds_lrs_and_workers() -> None:
     assert "--seed " not in text and "--lr " not in text  # removed flags stay hidden
 
 
-def test_log_slope_of_a_geometric_profile() -> None:
-    # magnitude 3 * 1.5**(l-1): ln grows by ln 1.5 per layer; layer 1 (an outlier here) is left out
-    values = [100.0] + [3 * 1.5 ** (layer - 1) for layer in range(2, 9)]
-    assert log_slope(values) == pytest.approx(math.log(1.5))
-    assert math.isnan(log_slope([1.0, 2.0]))  # one point from layer 2 on
+def test_workers_default_to_the_cpus_this_process_may_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(command.os, "sched_getaffinity", lambda pid: {0, 3, 5}, raising=False)
+    assert command.default_workers() == 3
+    assert command.parser().parse_args([]).workers == 3
+    monkeypatch.delattr(command.os, "sched_getaffinity")
+    monkeypatch.setattr(command.os, "cpu_count", lambda: None)
+    assert command.default_workers() == 1
+
+
+def test_compile_flag_defaults_and_switches() -> None:
+    assert command.parser().parse_args([]).compile is command.COMPILE_DEFAULT is True  # the documented default
+    assert command.parser().parse_args(["--compile"]).compile is True
+    assert command.parser().parse_args(["--no-compile"]).compile is False
+
+
+def test_prepare_builds_the_setup_main_runs(tmp_path: Path) -> None:
+    dyt = "dyt:alpha_attn=0.5|1.0"
+    setup = prepare(["--quick", "--schemes", "rmsnorm", dyt, "--roles", f"DyT={dyt}"])
+    assert setup.mode == "study-quick" and setup.out == Path("runs/study-quick")
+    assert [g.label for g in setup.groups] == ["rmsnorm", "dyt:alpha_attn=0.5|1.0"]
+    assert setup.roles["DyT"] == "dyt:alpha_attn=0.5|1.0"
+    assert setup.base.steps == command.QUICK.steps and setup.base.overrides == {"n_layers": command.QUICK.layers}
+    assert setup.design().lrs == command.QUICK.lrs and setup.design().n_seeds == command.QUICK.seeds
+    assert setup.data.seq_len == command.QUICK.seq_len and setup.settings.compile is command.COMPILE_DEFAULT
+    meta = setup.meta()
+    assert meta["schemes"] == ["rmsnorm", dyt] and meta["roles"] == {"RMSNorm": "rmsnorm", "DyT": dyt}
+    assert prepare(["--sweep", "--quick"]).design() is None
+
+
+def test_report_from_a_folder_without_a_record_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["--report-from", str(tmp_path)]) == 2
+    assert "--report-from" in capsys.readouterr().err and not (tmp_path / "report.md").exists()

@@ -1,0 +1,60 @@
+"""A study's record (``bhyt_pl.study.results``): written, read back into typed values, a design recorded before it
+carried its frame completed from ``meta``, and a file that is not a study's record named."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from study_fixtures import synthetic
+
+from bhyt_pl.study.design import Selection, StudyDesign, StudyRuns, parse_group
+from bhyt_pl.study.results import StudyRecord, load
+
+
+def _record() -> StudyRecord:
+    """Two groups of registered schemes, each kept at one rate, with two evaluation seeds."""
+    runs, selections = [], {}
+    for group, lr in (("rmsnorm", 1e-3), ("bhyt", 3e-3)):
+        chosen = synthetic(group, lr, 0, [1.0, 2.0], 3.0)
+        runs += [chosen, synthetic(group, lr, 1, [1.0, 2.0], 3.1), synthetic(group, lr, 2, [1.0, 3.0], 3.2)]
+        selections[group] = Selection(group, chosen, (chosen,))
+    groups = (parse_group("rmsnorm"), parse_group("bhyt"))
+    design = StudyDesign(groups, (1e-3, 3e-3), 2, 1, selections, (3e-3,), "given with --matched-lrs")
+    return StudyRecord({"command": "python -m bhyt_pl study", "schemes": ["rmsnorm", "bhyt"]}, runs, design)
+
+
+def test_a_record_reads_back_from_its_file(tmp_path: Path) -> None:
+    record = _record()
+    document = record.to_dict(claims=[{"statement": "x"}], claims_not_tested=["y"])
+    assert list(document) == ["meta", "design", "claims", "claims_not_tested", "runs"]
+    (tmp_path / "results.json").write_text(json.dumps(document))
+    back = load(tmp_path)  # the folder or the file
+    assert back.meta == record.meta and back.design.to_dict() == record.design.to_dict() and not back.sweep
+    assert back.design.groups == record.design.groups
+    assert back.design.kept("bhyt").chosen.spec.label == "bhyt@lr0.003-s0"
+    assert json.dumps([r.to_dict() for r in back.runs]) == json.dumps([r.to_dict() for r in record.runs])
+    assert back.design.evaluation_runs(StudyRuns(back.runs), "bhyt")[1].spec.label == "bhyt@lr0.003-s2"
+    sweep = StudyRecord({"mode": "study-sweep"}, record.runs)
+    assert list(sweep.to_dict()) == ["meta", "runs"] and StudyRecord.from_dict(sweep.to_dict()).sweep
+
+
+def test_an_older_design_takes_its_frame_from_meta() -> None:
+    record = _record()
+    document = json.loads(json.dumps(record.to_dict()))
+    for key in ("groups", "lrs", "seeds", "extensions"):
+        del document["design"][key]
+    document["meta"].update({"lrs": [1e-3, 3e-3], "seeds": 2, "extensions": 1})
+    assert StudyRecord.from_dict(document).design.to_dict() == record.design.to_dict()
+    document["meta"]["schemes"] = ["rmsnorm", "nonorm"]
+    with pytest.raises(ValueError, match="unknown scheme 'nonorm'"):  # the groups are parsed again
+        StudyRecord.from_dict(document)
+
+
+def test_what_is_not_a_record_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="cannot read the study's record"):
+        load(tmp_path / "missing.json")
+    (tmp_path / "results.json").write_text(json.dumps({"runs": []}))
+    with pytest.raises(ValueError, match="results.json has no 'meta'"):
+        load(tmp_path)

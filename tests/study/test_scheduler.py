@@ -1,0 +1,120 @@
+"""The scheduler drives any launcher (``bhyt_pl.study.launcher.Launcher``): a scripted one that batches its starts
+and reports runs out of order, running before done, failed without a result, and a run it was never given."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from bhyt_pl.study.launcher import RunEvent, RunState
+from bhyt_pl.study.runner import RunResult, RunSpec, run_dirname
+from bhyt_pl.study.scheduler import Scheduler, finished_result, progress_line
+
+
+class ScriptedLauncher:
+    """A cluster-like launcher: ``start`` records one batch (a job array); each ``poll`` returns the next scripted
+    list of events, built from the runs started so far."""
+
+    def __init__(self, script: Sequence) -> None:
+        self.script = list(script)
+        self.batches: list[list[str]] = []
+        self.started: dict[str, RunSpec] = {}
+        self.closed = False
+
+    def start(self, specs: Sequence[RunSpec]) -> None:
+        self.batches.append([s.label for s in specs])
+        self.started.update({s.label: s for s in specs})
+
+    def poll(self, timeout: float | None = None) -> list[RunEvent]:
+        return self.script.pop(0)(self.started) if self.script else []
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def done(label: str, loss: float):
+    return lambda started: [RunEvent(started[label], RunState.DONE, result=RunResult(started[label], val_loss=loss))]
+
+
+def _specs(*labels: str) -> list[RunSpec]:
+    return [RunSpec(label=label, norm="rmsnorm") for label in labels]
+
+
+def test_results_follow_the_launchers_reports_whatever_their_order(tmp_path: Path) -> None:
+    script = [
+        lambda s: [RunEvent(s["a"], RunState.RUNNING), RunEvent(s["b"], RunState.RUNNING)],  # no result yet
+        done("b", 2.0),
+        lambda s: [
+            RunEvent(s["a"], RunState.FAILED, error="job 17 was cancelled"),
+            RunEvent(RunSpec(label="stranger", norm="rmsnorm"), RunState.DONE),  # not this study's: ignored
+        ],
+        done("c", 3.0),
+    ]
+    launcher = ScriptedLauncher(script)
+    scheduler = Scheduler(launcher, tmp_path, resume=True)
+    assert [s.label for s in scheduler.submit(_specs("a", "b"))] == ["a", "b"]
+    results = []
+    for result in scheduler.finished():
+        results.append(result)
+        if result.spec.label == "b":  # the protocol submits more while iterating; a repeated label is dropped
+            assert [s.label for s in scheduler.submit(_specs("b", "c"))] == ["c"]
+    assert launcher.batches == [["a", "b"], ["c"]]  # one start per submit: the launcher may batch it
+    assert [(r.spec.label, r.status) for r in results] == [("b", "ok"), ("a", "error"), ("c", "ok")]
+    assert results[1].error == "job 17 was cancelled" and results[2].val_loss == 3.0
+    assert scheduler.states == {"a": RunState.FAILED, "b": RunState.DONE, "c": RunState.DONE}
+    assert scheduler.submitted == 3 and scheduler.pending == {}
+
+
+def test_finished_runs_are_read_back_and_not_started(tmp_path: Path) -> None:
+    spec, other = _specs("kept", "new")
+    stored = RunResult(spec, val_loss=1.5)
+    path = tmp_path / "runs" / run_dirname(spec.label) / "result.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(stored.to_dict(), default=str))
+    assert finished_result(tmp_path, spec).val_loss == 1.5
+    launcher = ScriptedLauncher([done("new", 2.0)])
+    scheduler = Scheduler(launcher, tmp_path, resume=True)
+    scheduler.submit([spec, other])
+    assert [(r.spec.label, r.val_loss) for r in scheduler.finished()] == [("kept", 1.5), ("new", 2.0)]
+    assert launcher.batches == [["new"]] and scheduler.reused == ["kept"]
+    restart = ScriptedLauncher([done("kept", 9.0)])
+    again = Scheduler(restart, tmp_path, resume=False)  # --restart: trained again
+    again.submit([spec])
+    assert [r.val_loss for r in again.finished()] == [9.0] and again.reused == []
+
+
+def test_a_launcher_that_reports_nothing_for_pending_runs_is_an_error(tmp_path: Path) -> None:
+    scheduler = Scheduler(ScriptedLauncher([]), tmp_path, resume=False)
+    scheduler.submit(_specs("lost"))
+    with pytest.raises(RuntimeError, match=r"reported no change while 1 run\(s\) are pending \(lost"):
+        list(scheduler.finished())
+
+
+def test_done_without_a_result_is_a_failed_run(tmp_path: Path) -> None:
+    launcher = ScriptedLauncher([lambda s: [RunEvent(s["a"], RunState.DONE)]])
+    scheduler = Scheduler(launcher, tmp_path, resume=False)
+    scheduler.submit(_specs("a"))
+    (result,) = scheduler.finished()
+    assert result.status == "error" and "without a result" in result.error
+
+
+def test_the_scheduler_takes_launchers_only(tmp_path: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with pytest.raises(TypeError, match="launcher must implement start, poll and close"):
+        Scheduler(ThreadPoolExecutor(1), tmp_path, resume=False)
+
+
+def test_progress_line_says_run_k_of_n_and_the_time_left() -> None:
+    """``study`` printed nothing between runs (a default study takes about 50 minutes)."""
+    assert progress_line(3, 10, 60.0) == "study: run 3 of 10 done; about 2.3 min left"  # 20 s a run, 7 left
+    assert progress_line(3, 10, 60.0, reused=1) == "study: run 3 of 10 done; about 3.5 min left"
+    assert progress_line(9, 10, 18.0) == "study: run 9 of 10 done; about 2 s left"
+    assert progress_line(10, 10, 100.0) == "study: run 10 of 10 done"
+    assert progress_line(2, 10, 0.0, reused=2) == "study: run 2 of 10 done"  # no pace yet
+    # while the protocol may still add runs (grid extensions, the matched arm) both figures are lower bounds
+    line = progress_line(3, 10, 60.0, final=False)
+    assert line == "study: run 3 of at least 10 done; about 2.3 min left (at least)"
