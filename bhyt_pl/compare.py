@@ -226,6 +226,9 @@ def markdown_table(runs: Sequence[RunData]) -> str:
     ]
     rows = []
     for r in runs:
+        if not (r.train_loss or r.val_loss or r.profiles or r.scalars):  # its event file is empty so far
+            rows.append([r.label, "no logged data yet", *[""] * (len(header) - 2)])
+            continue
         magnitude, variance = r.profiles.get("depth/magnitude"), r.profiles.get("depth/variance")
         rows.append(
             [

@@ -12,6 +12,7 @@ nothing of this is in the package.
   SIGKILL to the group;
 - ``rank1_write_fails``: rank 1's distributed-checkpoint writer raises ``OSError(EIO)``;
 - ``rank0_io_fails``: rank 0's ``CheckpointIO`` (DDP's single-file writer) raises ``OSError(EIO)``;
+- ``rank0_disk_full``: the same writer finds no space left on the device (``OSError(ENOSPC)``);
 - ``rank1_dies``: rank 1 kills itself with SIGKILL at the start of the step, while rank 0 sleeps there for
   ``hold`` seconds outside any collective (so Lightning's process watcher, polling every 5 s, sees it first),
   or, with ``hold=0`` and ``watcher=False``, waits in the step's first collective (the survivor's collective
@@ -40,6 +41,7 @@ POINTS = (
     "between_renames",
     "rank1_write_fails",
     "rank0_io_fails",
+    "rank0_disk_full",
     "rank1_dies",
 )
 
@@ -108,15 +110,17 @@ class KillAt(L.Callback):
                     self._kill_group()
 
             os.rename = patched_rename
-        elif point == "rank0_io_fails" and rank == 0:
+        elif point in ("rank0_io_fails", "rank0_disk_full") and rank == 0:
             io = trainer.strategy.checkpoint_io
             save_checkpoint = io.save_checkpoint
 
-            def failing_save(*args, **kwargs):
+            def failing_save(checkpoint, path, *args, **kwargs):
                 if self._now(trainer):
                     self._strike()
+                    if point == "rank0_disk_full":
+                        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
                     raise OSError(errno.EIO, "simulated write error on rank 0")
-                return save_checkpoint(*args, **kwargs)
+                return save_checkpoint(checkpoint, path, *args, **kwargs)
 
             io.save_checkpoint = failing_save
 
