@@ -179,7 +179,7 @@ def commit_sharded_checkpoint(folder: Path, target: Path, step: int) -> None:
     if problem is not None:
         raise OSError(errno.EIO, f"the sharded checkpoint written to {folder} is incomplete: {problem}")
     _fsync_file(folder / TRAINER_STATE)  # Lightning writes it with torch.save, without a flush to disk
-    files = {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file() and p.name != COMPLETE}
+    files = {p.name: _opened_size(p) for p in sorted(folder.iterdir()) if p.is_file() and p.name != COMPLETE}
     with open(folder / COMPLETE, "x") as f:
         json.dump({"step": step, "files": files}, f)
         f.flush()
@@ -247,11 +247,11 @@ def sharded_checkpoint_problem(folder: str | Path, require_marker: bool = False)
     elif require_marker:
         return f"no completion marker {COMPLETE}: the save did not finish"
     for name, size in sorted(recorded.items()):
-        path = folder / name
-        if not path.is_file():
+        found = _opened_size(folder / name)
+        if found is None:
             return f"{name} is missing"
-        if path.stat().st_size != size:
-            return f"{name} has {human_size(path.stat().st_size)}, its save wrote {human_size(size)}"
+        if found != size:
+            return f"{name} has {human_size(found)}, its save wrote {human_size(size)}"
     if not (folder / DCP_METADATA).is_file():
         return f"no {DCP_METADATA}: the save did not finish"
     from torch.distributed.checkpoint import FileSystemReader
@@ -264,10 +264,9 @@ def sharded_checkpoint_problem(folder: str | Path, require_marker: bool = False)
     for info in (metadata.storage_data or {}).values():  # _StorageInfo: relative_path, offset, length
         ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
     for name, end in sorted(ends.items()):
-        path = folder / name
-        if not path.is_file():
+        size = _opened_size(folder / name)
+        if size is None:
             return f"shard {name} is missing"
-        size = path.stat().st_size
         if size < end:
             return f"shard {name} is truncated ({human_size(size)} of the {human_size(end)} {DCP_METADATA} names)"
     state = folder / TRAINER_STATE
@@ -278,6 +277,16 @@ def sharded_checkpoint_problem(folder: str | Path, require_marker: bool = False)
     except Exception as err:
         return f"its {TRAINER_STATE} cannot be read ({_one_line(err)})"
     return None
+
+
+def _opened_size(path: Path) -> int | None:
+    """A file's size read through an open file (None when missing): on NFS, opening a file revalidates its
+    attributes with the server (close-to-open consistency), so rank 0 sees what the other nodes wrote."""
+    try:
+        with open(path, "rb") as f:
+            return os.fstat(f.fileno()).st_size
+    except (FileNotFoundError, IsADirectoryError):
+        return None
 
 
 _ZIP_MAGIC = b"PK\x03\x04"

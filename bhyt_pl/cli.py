@@ -28,7 +28,6 @@ import errno
 import os
 import re
 import sys
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -451,16 +450,5 @@ def main(
         if message is not None:
             print(f"error: {message}", file=sys.stderr)
             raise SystemExit(2) from None
-        explained = report.explain(err)
-        if explained is not None:
-            if explained.every_rank or rank_zero_only.rank == 0:
-                report.print_line(explained.line)
-            if explained.every_rank:  # a peer stopped: nothing is left to save, and the process group's
-                report.exit_now(explained.exit_code)  # teardown waits seconds on the dead peer's connections
-            raise SystemExit(explained.exit_code) from None
-        log_file = report.log_file()
-        if log_file is None:
-            raise
-        traceback.print_exc()
-        report.print_line(f"the run stopped on the {type(err).__name__} above; traceback and log in {log_file}")
-        raise SystemExit(1) from None
+        report.report_and_exit(err)  # a dead peer, a failed save: one line; else the traceback and train.log
+        raise

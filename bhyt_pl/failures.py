@@ -22,6 +22,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -142,6 +143,26 @@ class FailureReport:
             if isinstance(exc, CheckpointSaveError):
                 return Report(f"{exc}; fix the cause and resume with --ckpt_path last{self._log_hint()}", 1, False)
         return None
+
+    def report_and_exit(self, err: BaseException) -> None:
+        """On the command line, for an exception that stopped a run: print the report's one line (every rank
+        for a stopped peer, rank 0 for a failed save) and exit; for any other exception print its traceback and
+        where ``train.log`` is, and exit 1. Returns (to let the exception go on) only when the run has no log."""
+        from lightning.pytorch.utilities import rank_zero_only
+
+        explained = self.explain(err)
+        if explained is not None:
+            if explained.every_rank or rank_zero_only.rank == 0:
+                self.print_line(explained.line)
+            if explained.every_rank:  # a peer stopped: nothing is left to save, and the process group's
+                self.exit_now(explained.exit_code)  # teardown waits seconds on the dead peer's connections
+            raise SystemExit(explained.exit_code) from None
+        log_file = self.log_file()
+        if log_file is None:
+            return
+        traceback.print_exception(err)
+        self.print_line(f"the run stopped on the {type(err).__name__} above; traceback and log in {log_file}")
+        raise SystemExit(1) from None
 
     def peer_line(self, detail: str) -> str:
         last = self.last_complete()
