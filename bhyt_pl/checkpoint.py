@@ -10,6 +10,14 @@ from typing import Any
 
 import torch
 
+from bhyt_pl.checkpoint_io import (
+    COMPLETE,
+    TRAINER_STATE,
+    checkpoint_problem,
+    load_sharded_checkpoint,
+    sharded_checkpoint_problem,
+    unusable_checkpoint_message,
+)
 from bhyt_pl.config import LlamaConfig
 from bhyt_pl.errors import UsageError
 from bhyt_pl.model import Llama
@@ -73,8 +81,6 @@ def read_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
     if not path.exists():
         raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
     if path.is_dir():
-        from bhyt_pl.checkpoint_io import load_sharded_checkpoint
-
         checkpoint = load_sharded_checkpoint(path)
     else:
         checkpoint = _torch_load(path, map_location=map_location, mmap=mmap)
@@ -89,27 +95,17 @@ def read_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
     return checkpoint
 
 
-_ZIP_MAGIC = b"PK\x03\x04"
-"""First bytes of torch's zip checkpoint format; a legacy (pre-1.6) pickle starts with ``\\x80``."""
-
-
 def _torch_load(path: Path, **kwargs: Any) -> Any:
-    """``torch.load`` whose failure on a file that is not a checkpoint names the file, not a pickle opcode
-    (nor, for a text file, torch's advice on ``mmap``)."""
-    with open(path, "rb") as f:
-        head = f.read(4)
-    if not (head.startswith(_ZIP_MAGIC) or head.startswith(b"\x80")):
-        raise UsageError(
-            f"{str(path)!r} is not a checkpoint (not in torch's format); give a .ckpt file written by bhyt_pl "
-            f"(e.g. runs/<run_name>/version_N/checkpoints/last.ckpt)"
-        )
-    try:
-        return torch.load(path, weights_only=False, **kwargs)
-    except Exception as err:  # any unpickling or zip error means the same thing to the user
-        raise UsageError(
-            f"{str(path)!r} is not a checkpoint torch can read ({type(err).__name__}: {err}); "
-            f"give a .ckpt file written by bhyt_pl (e.g. runs/<run_name>/version_N/checkpoints/last.ckpt)"
-        ) from None
+    """``torch.load`` whose failure on a file that is not a complete checkpoint is one line naming the file,
+    what is wrong and the newest complete checkpoint beside it (not a pickle opcode, nor, for a text file,
+    torch's advice on ``mmap``)."""
+    problem = checkpoint_problem(path)
+    if problem is None:
+        try:
+            return torch.load(path, weights_only=False, **kwargs)
+        except Exception as err:  # any unpickling or zip error means the same thing to the user
+            problem = f"torch cannot read it ({type(err).__name__}: {' '.join(str(err).split())[:200]})"
+    raise UsageError(unusable_checkpoint_message(path, problem)) from None
 
 
 def read_checkpoint_metadata(path: str | Path) -> dict[str, Any]:
@@ -119,9 +115,12 @@ def read_checkpoint_metadata(path: str | Path) -> dict[str, Any]:
     if not path.exists():
         raise UsageError(f"checkpoint {str(path)!r} does not exist")
     if path.is_dir():
-        if not (path / "meta.pt").exists():
-            raise UsageError(f"{str(path)!r} is a folder but not a sharded checkpoint (no meta.pt)")
-        checkpoint = _torch_load(path / "meta.pt", map_location="cpu")
+        if not any((path / name).exists() for name in (TRAINER_STATE, COMPLETE, ".metadata")):
+            raise UsageError(f"{str(path)!r} is a folder but not a sharded checkpoint (no {TRAINER_STATE})")
+        problem = sharded_checkpoint_problem(path)
+        if problem is not None:
+            raise UsageError(unusable_checkpoint_message(path, problem))
+        checkpoint = _torch_load(path / TRAINER_STATE, map_location="cpu")
     else:
         checkpoint = _torch_load(path, map_location="cpu", mmap=True)
     if not isinstance(checkpoint, dict) or "bhyt_pl" not in checkpoint:

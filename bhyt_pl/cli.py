@@ -14,8 +14,12 @@ The LightningCLI subclass adds defaults, argument links and the checks that keep
   progress bar are always on, and ``TokenThroughputMonitor`` (tokens/s in the progress bar) unless the
   config already has one;
 - single-file checkpoints are written atomically (``AtomicCheckpointIO``) unless ``trainer.plugins`` is set;
-- on the command line, problems the user fixes (bad settings, files, a full disk) print one short
-  error without a traceback and exit with status 2.
+  sharded ones by ``RunCheckpoint``; Ctrl-C finishes the step and saves (``--checkpoint.save_on_ctrl_c``);
+- every run writes ``<version dir>/train.log`` (``RunLogFile``: logging, warnings, the traceback);
+- on the command line, problems the user fixes (bad settings, files, a full disk, an incomplete checkpoint)
+  print one short error without a traceback and exit with status 2; a stopped peer process or a failed save
+  prints one line naming the last complete checkpoint and the command that resumes, and exits with status 1
+  (``bhyt_pl.failures``).
 """
 
 from __future__ import annotations
@@ -35,8 +39,9 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_only
 
-from bhyt_pl.callbacks.checkpointing import RunCheckpoint, StoppedByCtrlC
+from bhyt_pl.callbacks.checkpointing import CheckpointSaveError, RunCheckpoint, StoppedByCtrlC
 from bhyt_pl.errors import UsageError
+from bhyt_pl.failures import FailureReport, exception_chain
 from bhyt_pl.module import LlamaLM
 from bhyt_pl.run_config import data_run_facts
 from bhyt_pl.runs import run_loggers
@@ -159,7 +164,13 @@ class _ShortErrorParser(LightningArgumentParser):
 
 
 class BHyTCLI(LightningCLI):
-    """LightningCLI with bhyt_pl's defaults, links, run layout and resume checks."""
+    """LightningCLI with bhyt_pl's defaults, links, run layout and resume checks.
+
+    ``failure_report`` (``main`` passes its own) learns the trainer, to report a failed run in one line."""
+
+    def __init__(self, *args: Any, failure_report: FailureReport | None = None, **kwargs: Any) -> None:
+        self.failure_report = failure_report if failure_report is not None else FailureReport(sys.argv[1:])
+        super().__init__(*args, **kwargs)
 
     def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
         kwargs.setdefault("dump_header", [f"lightning.pytorch=={lightning.__version__}"])
@@ -182,8 +193,9 @@ class BHyTCLI(LightningCLI):
         # val/loss``) or periodic copies (``--checkpoint.save_top_k -1``): Lightning's default top-1 writes a second
         # full ``epoch=E-step=N.ckpt`` beside it, which doubles the disk use and goes stale after a resume
         parser.set_defaults(
-            {"checkpoint.save_last": True, "checkpoint.every_n_train_steps": 1000, "checkpoint.save_top_k": 0}
-        )
+            {"checkpoint.save_last": True, "checkpoint.every_n_train_steps": 1000, "checkpoint.save_top_k": 0,
+             "checkpoint.save_on_ctrl_c": True}
+        )  # fmt: skip
         parser.add_lightning_class_args(LearningRateMonitor, "lr_monitor")
         parser.set_defaults({"lr_monitor.logging_interval": "step"})
         # the data module's declared run facts (docs/method.md, section 9): every one to the model, which
@@ -269,6 +281,8 @@ class BHyTCLI(LightningCLI):
         has_bar = any(str(getattr(cb, "class_path", "")).rsplit(".", 1)[-1] in progress_bars for cb in callbacks)
         if cfg.trainer.enable_progress_bar is not False and not has_bar:
             callbacks.append(Namespace(class_path="bhyt_pl.callbacks.StepProgressBar", init_args=Namespace()))
+        if not any(str(getattr(cb, "class_path", "")).endswith("RunLogFile") for cb in callbacks):
+            callbacks.append(Namespace(class_path="bhyt_pl.callbacks.run_log.RunLogFile", init_args=Namespace()))
         cfg.trainer.callbacks = callbacks
         if not cfg.trainer.plugins:  # a kill during a save never leaves a truncated last.ckpt
             cfg.trainer.plugins = [{"class_path": "bhyt_pl.checkpoint_io.AtomicCheckpointIO"}]
@@ -312,7 +326,9 @@ class BHyTCLI(LightningCLI):
                     f"To train longer, resume with a larger --trainer.max_steps"
                 )
                 return
-        super()._run_subcommand(subcommand)
+        self.failure_report.trainer = self.trainer
+        with self.failure_report.watching_launched_processes():
+            super()._run_subcommand(subcommand)
 
 
 @rank_zero_only
@@ -359,12 +375,9 @@ def _check_yaml_files(argv: list[str]) -> None:
 
 def _disk_full(err: BaseException) -> OSError | None:
     """The ``No space left on device`` error in an exception's chain (torch wraps it in its own errors)."""
-    seen: set[int] = set()
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
-        if isinstance(err, OSError) and err.errno == errno.ENOSPC:
-            return err
-        err = err.__cause__ or err.__context__
+    for exc in exception_chain(err):
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            return exc
     return None
 
 
@@ -372,6 +385,12 @@ def user_error_message(err: BaseException) -> str | None:
     """The short message the command line prints for an error the user fixes, None for any other
     (which keeps its traceback)."""
     full = _disk_full(err)
+    save = next((exc for exc in exception_chain(err) if isinstance(exc, CheckpointSaveError)), None)
+    if full is not None and save is not None:
+        return (
+            f"no space left on device while saving {save.target} at step {save.step}: {full.strerror or full}. "
+            f"Free space, or write the run elsewhere with --runs_dir; {save.kept}"
+        )
     if full is not None:
         where = f" while writing {full.filename}" if full.filename else ""
         target = Path(full.filename) if full.filename else None
@@ -401,6 +420,7 @@ def main(
     argv = list(sys.argv[1:] if args is None else args)
     if handle_errors is None:
         handle_errors = args is None
+    report = FailureReport(argv)
     try:
         if argv and argv[0] in TOOLS:
             import importlib
@@ -415,6 +435,7 @@ def main(
             save_config_kwargs={"overwrite": True},
             args=argv if (args is not None or not run) else None,
             run=run,
+            failure_report=report,
             **kwargs,
         )
     except StoppedByCtrlC:
@@ -422,8 +443,12 @@ def main(
             raise
         raise SystemExit(130) from None  # 128 + SIGINT, as a shell reports a Ctrl-C; the run printed its line
     except Exception as err:
-        message = user_error_message(err) if handle_errors else None
-        if message is None:
+        if not handle_errors:
             raise
-        print(f"error: {message}", file=sys.stderr)
-        raise SystemExit(2) from None
+        report.console_ready()  # the error starts a line of its own, not the end of the progress bar's
+        message = user_error_message(err)
+        if message is not None:
+            print(f"error: {message}", file=sys.stderr)
+            raise SystemExit(2) from None
+        report.report_and_exit(err)  # a dead peer, a failed save: one line; else the traceback and train.log
+        raise

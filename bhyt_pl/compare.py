@@ -250,6 +250,9 @@ def markdown_table(runs: Sequence[RunData]) -> str:
     header += [f"last-layer {s.name.replace('_', ' ')}" for s in depth] + ["loss spikes", "grad-norm spikes"]
     rows = []
     for r in runs:
+        if not (r.train_loss or r.val_loss or r.profiles or r.scalars):  # its event file is empty so far
+            rows.append([r.label, "no logged data yet", *[""] * (len(header) - 2)])
+            continue
         last_layer = [r.profiles.get(f"depth/{s.name}") for s in depth]
         rows.append(
             [

@@ -21,6 +21,7 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.loggers import TensorBoardLogger
 from typing_extensions import override
 
+from bhyt_pl.checkpoint_io import kept_target
 from bhyt_pl.errors import UsageError
 
 __all__ = [
@@ -82,11 +83,21 @@ def discard_version(run_dir: str | Path, version: int) -> bool:
     return True
 
 
+def _is_last(path: Path) -> bool:
+    return path.suffix == ".ckpt" and re.fullmatch(rf"{LAST}(-v\d+)?", path.stem) is not None
+
+
 def _newest_last(folder: Path) -> Path | None:
-    """The most recently written ``last*.ckpt`` in a checkpoint folder (file, or folder when sharded)."""
+    """The most recently written ``last*.ckpt`` in a checkpoint folder (file, or folder when sharded). While a
+    sharded save moves into place, ``last.ckpt`` is briefly absent and the previous one waits under its kept
+    name (``bhyt_pl.checkpoint_io.switch_into_place``): that one is found then."""
     if not folder.is_dir():
         return None
-    found = [p for p in folder.iterdir() if p.suffix == ".ckpt" and re.fullmatch(rf"{LAST}(-v\d+)?", p.stem)]
+    found = []
+    for path in folder.iterdir():
+        target = kept_target(path)
+        if _is_last(path) or (target is not None and _is_last(target) and not target.exists()):
+            found.append(path)
     return max(found, key=lambda p: p.stat().st_mtime, default=None)
 
 

@@ -73,3 +73,14 @@ def quiet_trainer(**kwargs) -> L.Trainer:
         num_sanity_val_steps=0,
     )
     return L.Trainer(**{**defaults, **kwargs})
+
+
+class FailAt(L.Callback):
+    """Raises ``RuntimeError("a bug at step N")`` after optimizer step ``step``: an error nobody explains."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args) -> None:
+        if trainer.global_step == self.step:
+            raise RuntimeError(f"a bug at step {self.step}")

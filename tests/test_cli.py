@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -366,3 +367,102 @@ def test_the_model_summary_shows_the_training_flops_of_the_throughput_monitor(tm
     line = rf"\n{get_human_readable_count(int(flops))} +Training FLOPs per batch and device"
     assert re.search(line, caplog.text) and "Total Flops" not in caplog.text, caplog.text[-2000:]
     assert "| FLOPs" not in caplog.text  # the per-layer column of zeros is gone
+
+
+def test_every_distributed_recipe_sets_its_process_group_timeout(capsys) -> None:
+    """Lightning passed 30 minutes, so a hung collective idled every GPU that long. Each recipe sets 15 minutes,
+    quoted (unquoted, YAML reads h:m:s as a base-60 integer), parsed by the CLI as the timedelta Lightning takes."""
+    from datetime import timedelta
+
+    from lightning.pytorch import LightningDataModule
+
+    from bhyt_pl.cli import BHyTCLI
+    from bhyt_pl.module import LlamaLM
+
+    class ParseOnly(BHyTCLI):  # the GPU recipes cannot build their trainer here
+        def before_instantiate_classes(self) -> None:
+            pass
+
+        def instantiate_classes(self) -> None:
+            pass
+
+    with_strategy = [p for p in STRATEGIES if "strategy" in yaml.safe_load(p.read_text())["trainer"]]
+    assert {p.stem for p in with_strategy} == {"ddp-8gpu", "fsdp1-8gpu", "fsdp2-8gpu", "fsdp2-cpu"}
+    for recipe in with_strategy:
+        assert 'timeout: "0:15:00"' in recipe.read_text(), recipe.name
+        args = ["--config", str(RECIPES / "tiny.yaml"), "--config", str(recipe)]
+        cli = ParseOnly(LlamaLM, LightningDataModule, subclass_mode_data=True, args=args, run=False)
+        assert cli.config.trainer.strategy.init_args.timeout == timedelta(minutes=15), recipe.name
+    # the CPU recipe builds here: the strategy holds it
+    cpu = main(["--config", str(RECIPES / "tiny.yaml"), "--config", str(RECIPES / "distributed" / "fsdp2-cpu.yaml")],
+               run=False)  # fmt: skip
+    assert cpu.trainer.strategy._timeout == timedelta(minutes=15) and cpu.trainer.num_devices == 2
+
+
+def _fit_args(runs: Path, steps: int, *extra: str) -> list[str]:
+    return ["fit", "--config", str(RECIPES / "tiny.yaml"), "--runs_dir", str(runs), "--run_name", "r",
+            "--trainer.max_steps", str(steps), "--trainer.limit_val_batches", "0", "--data.init_args.seq_len", "16",
+            "--data.init_args.batch_size", "2", "--model.overrides", "{n_layers: 1, dim: 32}", *extra]  # fmt: skip
+
+
+@pytest.mark.parametrize("how", ["last", "path"])
+def test_an_incomplete_checkpoint_is_one_line_naming_the_complete_one(tmp_path: Path, monkeypatch, capsys, how):
+    """Resuming from a sharded folder that a kill left half-written printed 234 lines and 6 tracebacks."""
+    import torch.distributed.checkpoint as dcp
+
+    main(_fit_args(tmp_path, 2, "--trainer.enable_progress_bar", "false"))
+    folder = tmp_path / "r" / "version_0" / "checkpoints"
+    good = folder / "epoch=0-step=2.ckpt"
+    (folder / "last.ckpt").rename(good)
+    broken = folder / "last.ckpt"
+    with pytest.warns(UserWarning, match="torch.distributed is disabled"):  # one process writes every shard
+        dcp.save({"state_dict": {"w": torch.randn(64, 64)}}, checkpoint_id=str(broken))
+    torch.save({"global_step": 3}, broken / "meta.pt")
+    (shard,) = broken.glob("*.distcp")
+    full = shard.stat().st_size
+    with open(shard, "r+b") as f:
+        f.truncate(full // 2)
+    before = sorted(tmp_path.rglob("*"))
+    err = _command_line(monkeypatch, capsys, *_fit_args(tmp_path, 4, "--ckpt_path", "last" if how == "last" else
+                                                        str(broken)))  # fmt: skip
+    from bhyt_pl.checkpoint_io import human_size
+
+    assert err == (
+        f"error: {str(broken)!r} is an incomplete checkpoint: shard {shard.name} is truncated ({human_size(full // 2)} "
+        f"of the {human_size(full)} .metadata names); the newest complete checkpoint beside it is {str(good)!r} "
+        f"(step 2)\n"
+    )
+    assert sorted(tmp_path.rglob("*")) == before  # nothing written
+
+
+def _subprocess_fit(tmp: Path, *extra: str) -> subprocess.CompletedProcess:
+    from distributed_jobs.launch import clean_env
+
+    return subprocess.run([sys.executable, "-m", "bhyt_pl", *_fit_args(tmp / "runs", 4, *extra)], cwd=ROOT,
+                          env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_a_full_disk_during_training_is_a_line_of_its_own(tmp_path: Path) -> None:
+    """The error was printed at the end of the progress bar's line (the bar writes ``\\r`` without a newline)."""
+    proc = _subprocess_fit(tmp_path, "--checkpoint.every_n_train_steps", "1", "--trainer.callbacks+",
+                           "kill_points.KillAt", "--trainer.callbacks.point", "rank0_disk_full",
+                           "--trainer.callbacks.step", "2")  # fmt: skip
+    last = tmp_path / "runs" / "r" / "version_0" / "checkpoints" / "last.ckpt"
+    lines = proc.stdout.rstrip("\n").split("\n")  # stdout and stderr as a terminal shows them
+    assert proc.returncode == 2 and lines[-1] == (
+        f"error: no space left on device while saving {last} at step 2: No space left on device. Free space, or "
+        f"write the run elsewhere with --runs_dir; the previous checkpoint {last} (step 1) is intact"
+    ), proc.stdout[-3000:]
+    assert "Step" in lines[-2] and "Traceback" not in proc.stdout  # the bar's line, ended
+
+
+@pytest.mark.slow
+def test_an_unexpected_error_keeps_its_traceback_and_points_to_train_log(tmp_path: Path) -> None:
+    proc = _subprocess_fit(tmp_path, "--trainer.enable_progress_bar", "false", "--trainer.callbacks+",
+                           "lm_fixtures.FailAt", "--trainer.callbacks.step", "2")  # fmt: skip
+    log = tmp_path / "runs" / "r" / "version_0" / "train.log"
+    lines = proc.stdout.rstrip("\n").split("\n")
+    assert proc.returncode == 1 and "Traceback (most recent call last):" in proc.stdout, proc.stdout[-3000:]
+    assert lines[-1] == f"error: the run stopped on the RuntimeError above; traceback and log in {log}"
+    assert "RuntimeError: a bug at step 2" in log.read_text()

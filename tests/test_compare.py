@@ -140,3 +140,13 @@ def test_missing_values_print_as_dashes_and_a_diverged_loss_as_nan(tmp_path: Pat
     (run,) = load_runs([tmp_path / "r"])
     run.train_loss = [(1, math.nan)]
     assert markdown_table([run]).splitlines()[2] == "| rmsnorm | 1 | 256 | nan | - | 3 | 0.3 | - | - |"
+
+
+def test_a_run_without_logged_data_says_so(tmp_path: Path) -> None:
+    """A run whose event file is still empty was reported as "last step 0" with every value "-"."""
+    _write_run(tmp_path / "done" / "version_0", "rmsnorm", {}, 1, val=False, stability=False, close=True)
+    (tmp_path / "new" / "version_0").mkdir(parents=True)
+    (tmp_path / "new" / "version_0" / "events.out.tfevents.1796000000.host.1.0").write_bytes(b"")
+    table = markdown_table(load_runs([tmp_path / "done", tmp_path / "new"])).splitlines()
+    assert table[2].startswith("| rmsnorm | 1 | 256 |")
+    assert table[3] == "| new | no logged data yet |  |  |  |  |  |  |  |"

@@ -1,6 +1,6 @@
 """Lightning callbacks: depth-wise activation statistics (each declared once in ``layer_stats``), stability
 (gradients, attention entropy, outliers, spikes by depth), throughput/MFU/memory, norm-constant refresh, the
-checkpoint callback that loses no work, and the step progress bar.
+checkpoint callback that loses no work, the run's log file, and the step progress bar.
 
 The statistics and throughput callbacks work inside any LightningModule: ``locate_blocks`` finds the
 transformer blocks of bhyt_pl, transformers and litgpt models (or takes a ``blocks`` argument).
@@ -17,6 +17,7 @@ from bhyt_pl.callbacks.layer_stats import LayerStatistic, Summary, register_stat
 from bhyt_pl.callbacks.loggers import log_figures
 from bhyt_pl.callbacks.norm_refresh import NormConstantRefresh, default_refresh_interval, norm_refresh_callbacks
 from bhyt_pl.callbacks.progress import StepProgressBar
+from bhyt_pl.callbacks.run_log import RunLogFile
 from bhyt_pl.callbacks.stability import SpikeDetector, StabilityMonitor
 from bhyt_pl.callbacks.throughput import (
     PEAK_FLOPS,
@@ -37,6 +38,7 @@ __all__ = [
     "LocatedBlocks",
     "NormConstantRefresh",
     "RunCheckpoint",
+    "RunLogFile",
     "StepProgressBar",
     "QKProjections",
     "SpikeDetector",

@@ -4,15 +4,27 @@ Lightning's callback writes ``last`` at the end of training only when no ``last`
 in the run, so with ``every_n_train_steps=N`` the final ``max_steps % N`` steps are never saved; and an
 interrupted run (SIGTERM from a cluster's preemption, Ctrl-C, SLURM's requeue signal) keeps only the
 previous save. This subclass always saves ``last`` at the final step and at the step an interruption
-stopped the run, checks before training that the checkpoint folder is writable, gives every rank the
-run version rank 0 claimed (``RunLogger``), and prints where logs and checkpoints go at the start and the end.
+stopped the run, checks before training that the checkpoint folder is writable and has room, removes what
+interrupted saves of earlier runs left there, gives every rank the run version rank 0 claimed
+(``RunLogger``), and prints where logs and checkpoints go at the start and the end.
+
+Every save is atomic and agreed on (docs/checkpoints.md):
+
+- a sharded checkpoint (FSDP2, FSDP1 ``state_dict_type="sharded"``), which Lightning writes in place, is
+  written to a temporary folder named after the step, completed with a marker and moved into place by rank 0
+  (``bhyt_pl.checkpoint_io.commit_sharded_checkpoint``); a single file is written atomically by
+  ``AtomicCheckpointIO`` (the command line's default ``trainer.plugins``);
+- a save that fails on one rank fails on every rank after the same save: each raises ``CheckpointSaveError``
+  naming the failing rank, and the previous checkpoint is intact. (Lightning's ``Trainer.save_checkpoint``
+  ends with a barrier: a rank that raised before it left the others waiting for the process-group timeout.)
 
 Signals (README, "Stopping and resuming"):
 
 - SIGTERM: Lightning stops every rank after the same step; ``last`` is saved there; exit status 0.
-- Ctrl-C (SIGINT): the current optimizer step finishes on every rank, ``last`` is saved at once (no
-  validation pass), one line is printed and ``StoppedByCtrlC`` ends the run: exit status 130. A second
-  Ctrl-C aborts without saving.
+- Ctrl-C (SIGINT), with ``save_on_ctrl_c=True`` (the command line's default): the current optimizer step
+  finishes on every rank, ``last`` is saved at once (no validation pass), one line is printed and
+  ``StoppedByCtrlC`` ends the run: exit status 130. A second Ctrl-C aborts without saving. Without it (the
+  default in your own ``Trainer``), Lightning's behaviour: ``KeyboardInterrupt`` wherever it lands, no save.
 - SLURM's requeue signal (SIGUSR1 unless ``SLURMEnvironment(requeue_signal=...)``, with ``auto_requeue``):
   replaces Lightning's handler, which saved ``hpc_ckpt_N.ckpt`` wherever the signal landed (possibly
   mid-step) into ``default_root_dir`` and kept training. Here the current step finishes, ``last`` is
@@ -28,19 +40,42 @@ import signal
 import subprocess
 import tempfile
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
+from weakref import proxy
 
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.strategies import Strategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
+from bhyt_pl.checkpoint_io import (
+    checkpoint_problem,
+    checkpoint_step,
+    commit_sharded_checkpoint,
+    human_size,
+    newest_complete_beside,
+    remove_checkpoint_path,
+    remove_leftovers,
+    saves_sharded,
+    temporary_path,
+)
 from bhyt_pl.errors import UsageError
 from bhyt_pl.runs import RunLogger
 
-__all__ = ["Requeued", "RunCheckpoint", "StoppedByCtrlC", "checkpoint_bytes", "slurm_job_id"]
+__all__ = [
+    "CheckpointSaveError",
+    "Requeued",
+    "RunCheckpoint",
+    "StoppedByCtrlC",
+    "checkpoint_bytes",
+    "slurm_job_id",
+]
 
 
 def checkpoint_bytes(pl_module: L.LightningModule) -> int:
@@ -54,16 +89,19 @@ def checkpoint_bytes(pl_module: L.LightningModule) -> int:
     return state + moments
 
 
-def _size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"
-
-
 class StoppedByCtrlC(Exception):
     """The run stopped on Ctrl-C after saving ``last``: the command line exits with status 130 (128 + SIGINT)."""
+
+
+class CheckpointSaveError(RuntimeError):
+    """A checkpoint save failed on at least one rank. Every rank raises it after the same save; the previous
+    checkpoint is intact. The cause of the failing rank is chained (``__cause__``) on that rank."""
+
+    def __init__(self, message: str, target: Path, step: int, kept: str) -> None:
+        super().__init__(message)
+        self.target, self.step = target, step
+        self.kept = kept
+        """What remains: ``the previous checkpoint <path> (step N) is intact`` or that none was saved."""
 
 
 class Requeued(SystemExit):
@@ -71,6 +109,67 @@ class Requeued(SystemExit):
 
     def __init__(self) -> None:
         super().__init__(0)
+
+
+@contextmanager
+def _failures_recorded(strategy: Strategy, failures: list[BaseException]) -> Iterator[None]:
+    """Inside: ``strategy.save_checkpoint`` records its exception in ``failures`` instead of raising, so that
+    ``Trainer.save_checkpoint`` still reaches its closing barrier on this rank (DDP writes on rank 0 while the
+    others wait there: a raise on rank 0 left them waiting for the process-group timeout)."""
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: every rank raises it
+
+    save = strategy.save_checkpoint
+    shadowed = "save_checkpoint" in vars(strategy)
+
+    def recording(*args: Any, **kwargs: Any) -> None:
+        try:
+            save(*args, **kwargs)
+        except (Exception, CheckpointException) as err:
+            failures.append(err)
+
+    strategy.save_checkpoint = recording  # an instance attribute shadows the method for this one save
+    try:
+        yield
+    finally:
+        if shadowed:
+            strategy.save_checkpoint = save
+        else:
+            del strategy.save_checkpoint
+
+
+def _failed_ranks(trainer: L.Trainer, failures: list[BaseException]) -> list[tuple[int, str]]:
+    """``(rank, cause)`` of every rank whose save failed, the same list on every rank (a collective)."""
+    import torch.distributed as dist
+
+    local = [item for err in failures for item in _causes(err, trainer.global_rank)]
+    if trainer.world_size == 1 or not (dist.is_available() and dist.is_initialized()):
+        return local
+    if not trainer.strategy.reduce_boolean_decision(bool(local), all=False):
+        return []
+    gathered: list[Any] = [None] * trainer.world_size
+    dist.all_gather_object(gathered, local)
+    found = sorted({item for items in gathered for item in items})
+    return found
+
+
+def _causes(err: BaseException, rank: int) -> list[tuple[int, str]]:
+    """A failed save's ranks and causes in one line each; torch's distributed checkpoint gathers every rank's
+    failure into one ``CheckpointException`` raised on all ranks."""
+    failures = getattr(err, "failures", None)
+    if isinstance(failures, dict) and failures:
+        return [(int(r), _one_line(exc[0] if isinstance(exc, tuple) else exc)) for r, exc in failures.items()]
+    return [(rank, _one_line(err))]
+
+
+def _one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}: {text[:300]}" if text else type(err).__name__
+
+
+def _bytes_on_disk(path: Path) -> int:
+    if path.is_dir():
+        return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    return path.stat().st_size if path.is_file() else 0
 
 
 def slurm_job_id() -> str | None:
@@ -99,13 +198,20 @@ class RunCheckpoint(ModelCheckpoint):
     exit statuses and SLURM). Other exceptions follow ``save_on_exception`` as in Lightning (a crashed
     step's state is not trusted by default).
 
+    Args:
+        save_on_ctrl_c: Handle Ctrl-C (SIGINT): finish the current optimizer step on every rank, save ``last``
+            and raise ``StoppedByCtrlC``. Off by default, so a ``Trainer`` of your own keeps Lightning's
+            behaviour; the command line turns it on.
+
     Example:
         >>> import lightning as L
         >>> trainer = L.Trainer(callbacks=[RunCheckpoint(save_last=True, every_n_train_steps=5)], max_steps=12)
+        >>> trainer = L.Trainer(callbacks=[RunCheckpoint(save_last=True, save_on_ctrl_c=True)], max_steps=12)
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, save_on_ctrl_c: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.save_on_ctrl_c = save_on_ctrl_c
         self._last_saved_at: int | None = None
         """Global step of the ``last`` checkpoint written in this run (None: none yet)."""
         self._start_step = 0
@@ -130,6 +236,17 @@ class RunCheckpoint(ModelCheckpoint):
             problem = trainer.strategy.broadcast(problem)
             if problem:
                 raise UsageError(problem)
+            if trainer.is_global_zero and "://" not in str(self.dirpath):
+                self._remove_leftovers(trainer)
+
+    def _remove_leftovers(self, trainer: L.Trainer) -> None:
+        """Delete what interrupted saves of earlier runs left in the checkpoint folder (only this package's
+        temporary names; never the checkpoint this run resumes from), before the free-space check counts it."""
+        removed, size = remove_leftovers(str(self.dirpath), keep=[trainer.ckpt_path])
+        if removed:
+            names = ", ".join(p.name for p in removed)
+            rank_zero_info(f"bhyt_pl: removed {len(removed)} leftover(s) of interrupted saves from {self.dirpath} "
+                           f"({human_size(size)}): {names}")  # fmt: skip
 
     @staticmethod
     def _check_writable(dirpath: str) -> str | None:
@@ -155,13 +272,26 @@ class RunCheckpoint(ModelCheckpoint):
             return
         problem = None
         if trainer.is_global_zero:
-            need = checkpoint_bytes(pl_module)
+            size = checkpoint_bytes(pl_module)
             free = shutil.disk_usage(self.dirpath).free
-            if free < need:
+            fix = "free space, or write elsewhere with --runs_dir or --checkpoint.dirpath"
+            if saves_sharded(trainer.strategy):
+                # the previous checkpoint stays until the new one is in place: two copies at once, one of which
+                # may already be on disk
+                present = _bytes_on_disk(Path(self.dirpath) / f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}")
+                need = 2 * size - min(present, size)
+                if free < need:
+                    problem = (
+                        f"not enough free disk space for checkpoints in {str(self.dirpath)!r}: a sharded save keeps "
+                        f"the previous checkpoint until the new one is complete, so two checkpoints of about "
+                        f"{human_size(size)} (the weights and AdamW's two moments) need {human_size(need)} more, "
+                        f"{human_size(free)} is free; {fix}"
+                    )
+            elif free < size:
                 problem = (
                     f"not enough free disk space for checkpoints in {str(self.dirpath)!r}: one checkpoint needs "
-                    f"about {_size(need)} (the weights and AdamW's two moments), {_size(free)} is free; free "
-                    f"space, or write elsewhere with --runs_dir or --checkpoint.dirpath"
+                    f"about {human_size(size)} (the weights and AdamW's two moments), {human_size(free)} is free; "
+                    f"{fix}"
                 )
         problem = trainer.strategy.broadcast(problem)
         if problem:
@@ -173,7 +303,8 @@ class RunCheckpoint(ModelCheckpoint):
         self._start_step = trainer.global_step
         self._ctrl_c = self._requeue = False
         if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread
-            self._previous_handlers[signal.SIGINT] = signal.signal(signal.SIGINT, self._on_ctrl_c)
+            if self.save_on_ctrl_c:
+                self._previous_handlers[signal.SIGINT] = signal.signal(signal.SIGINT, self._on_ctrl_c)
             requeue = _requeue_signal(trainer)
             if requeue is not None:  # replaces Lightning's handler (set when the run started)
                 self._previous_handlers[requeue] = signal.signal(requeue, self._on_requeue_signal)
@@ -247,6 +378,48 @@ class RunCheckpoint(ModelCheckpoint):
         super()._save_last_checkpoint(trainer, monitor_candidates)
         if self.save_last:
             self._last_saved_at = trainer.global_step
+
+    @override
+    def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
+        """Lightning's save, atomic for sharded checkpoints too, and failing on every rank when it fails on one
+        (module docstring). Loggers hear of the checkpoint once it is in place."""
+        target, step = Path(filepath), trainer.global_step
+        sharded = saves_sharded(trainer.strategy) and "://" not in filepath
+        write_to = temporary_path(target, step) if sharded else target
+        if sharded:
+            if trainer.is_global_zero:  # a stale one from an interrupted run: the writer would write over it
+                remove_checkpoint_path(write_to)
+            trainer.strategy.barrier("RunCheckpoint.sharded_save")
+        failures: list[BaseException] = []
+        with _failures_recorded(trainer.strategy, failures):
+            trainer.save_checkpoint(write_to, self.save_weights_only)  # every rank has written when it returns
+        failed = _failed_ranks(trainer, failures)
+        if sharded and not failed:
+            if trainer.is_global_zero:
+                try:
+                    commit_sharded_checkpoint(write_to, target, step)
+                except Exception as err:
+                    failures.append(err)
+            failed = _failed_ranks(trainer, failures)  # every rank waits until the checkpoint is in place
+        if failed:
+            if sharded and trainer.is_global_zero:
+                shutil.rmtree(write_to, ignore_errors=True)
+            rank, reason = failed[0]
+            previous = (target, checkpoint_step(target)) if checkpoint_problem(target) is None else None
+            previous = previous or newest_complete_beside(target)
+            if previous is None:
+                kept = "no earlier checkpoint is there"
+            else:
+                step_text = "" if previous[1] is None else f" (step {previous[1]})"
+                kept = f"the previous checkpoint {previous[0]}{step_text} is intact"
+            message = f"saving {target} at step {step} failed on rank {rank} ({reason}); {kept}"
+            raise CheckpointSaveError(message, target, step, kept) from (failures[0] if failures else None)
+        # ModelCheckpoint._save_checkpoint's bookkeeping, after the checkpoint is in place
+        self._last_global_step_saved = step
+        self._last_checkpoint_saved = filepath
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.after_save_checkpoint(proxy(self))
 
     def save_last_now(self, trainer: L.Trainer) -> bool:
         """Write ``last`` at the current step unless it is already there; True if written."""

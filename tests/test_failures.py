@@ -1,0 +1,153 @@
+"""The one-line reports of a failed run: what gloo and NCCL errors say about a lost peer (messages as torch 2.13
+prints them on this machine), the resume command, and Lightning's process watcher reporting a stopped rank
+instead of killing rank 0 (driven here with real child processes)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from bhyt_pl.callbacks.run_log import RunLogFile
+from bhyt_pl.failures import FailureReport, peer_failure, resume_command
+
+GLOO_CLOSED = (
+    "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+    "[127.0.0.1]:6047. This is typically caused by a remote worker crashing. Check the logs of the remote worker "
+    "before reporting an error. GLHF! 🏖️"
+)
+GLOO_RESET = (
+    "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:33190: "
+    "Connection reset by peer. This is typically caused by a remote worker hanging or bugs in the application."
+)
+
+
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        (RuntimeError(GLOO_CLOSED), "gloo lost its connection to 127.0.0.1:6047 (gloo names the address of a peer, "
+                                    "not its rank)"),
+        (RuntimeError(GLOO_RESET), "gloo lost its connection to 127.0.0.1:33190 (gloo names the address of a peer, "
+                                   "not its rank)"),
+        (torch.distributed.DistBackendError("NCCL error in: ProcessGroupNCCL.cpp:1970, remote process exited or "
+                                            "there was a network error, NCCL version 2.21.5"),
+         "NCCL reports that a remote process exited or the network failed"),
+        (torch.distributed.DistBackendError("[Rank 0] Watchdog caught collective operation timeout: "
+                                            "WorkNCCL(SeqNum=12, OpType=ALLREDUCE) ran for 900000 milliseconds"),
+         "a collective timed out: a peer process hung or stopped (the recipe's process-group timeout)"),
+        (ConnectionResetError(104, "Connection reset by peer"), None),  # a download, not a peer
+        (RuntimeError("CUDA out of memory"), None),
+    ],
+    ids=["gloo-closed", "gloo-reset", "nccl-exit", "nccl-timeout", "socket", "other"],
+)  # fmt: skip
+def test_what_an_error_says_about_a_lost_peer(error: BaseException, expected: str | None) -> None:
+    assert peer_failure(error) == expected
+
+
+def test_a_lost_peer_is_found_inside_chained_and_checkpoint_errors() -> None:
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    wrapped = RuntimeError("Trainer.fit failed")
+    wrapped.__cause__ = CheckpointException("write", {1: (RuntimeError(GLOO_CLOSED), None)})
+    assert peer_failure(wrapped).startswith("gloo lost its connection to 127.0.0.1:6047")
+
+
+def test_the_resume_command_repeats_the_arguments_with_ckpt_path_last() -> None:
+    argv = ["fit", "--config", "recipes/tiny.yaml", "--ckpt_path", "runs/x/last.ckpt", "--model.norm_args",
+            "{lambda_attn: 1.0}", "--ckpt_path=other"]  # fmt: skip
+    assert resume_command(argv) == (
+        "python -m bhyt_pl fit --config recipes/tiny.yaml --model.norm_args '{lambda_attn: 1.0}' --ckpt_path last"
+    )
+
+
+def _trainer(tmp_path: Path, step: int | None, interrupted: bool = False) -> SimpleNamespace:
+    """What the report reads of a trainer: its checkpoint folder, its log file, and whether it is stopping."""
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.mkdir(exist_ok=True)
+    if step is not None:
+        from bhyt_pl.checkpoint_io import AtomicCheckpointIO
+
+        AtomicCheckpointIO().save_checkpoint({"global_step": step}, checkpoints / "last.ckpt")
+    log = RunLogFile()
+    log.path = tmp_path / "train.log"
+    log.path.write_text("")
+    return SimpleNamespace(
+        checkpoint_callback=SimpleNamespace(dirpath=str(checkpoints)), callbacks=[log], interrupted=interrupted,
+        progress_bar_callback=None, node_rank=0, num_devices=2,
+    )  # fmt: skip
+
+
+def test_the_peer_line_names_the_last_complete_checkpoint_the_command_and_the_log(tmp_path: Path) -> None:
+    report = FailureReport(["fit", "--config", "recipes/tiny.yaml"])
+    report.trainer = _trainer(tmp_path, step=7)
+    (tmp_path / "checkpoints" / ".last.ckpt.step8.tmp").mkdir()  # an interrupted save is not complete
+    assert report.peer_line("gloo lost its connection to 127.0.0.1:6047") == (
+        f"a peer process stopped: gloo lost its connection to 127.0.0.1:6047; the last complete checkpoint is "
+        f"step 7 ({tmp_path / 'checkpoints' / 'last.ckpt'}); resume with the same launcher and: python -m bhyt_pl "
+        f"fit --config recipes/tiny.yaml --ckpt_path last; traceback in {tmp_path / 'train.log'}"
+    )
+    (tmp_path / "fresh").mkdir()
+    report.trainer = _trainer(tmp_path / "fresh", step=None)
+    assert "; no checkpoint was saved yet: start again with the same launcher and: python -m bhyt_pl fit --config " \
+           "recipes/tiny.yaml;" in report.peer_line("x")  # fmt: skip
+
+
+class _Exited(Exception):
+    pass
+
+
+def _dead_child() -> subprocess.Popen:
+    child = subprocess.Popen([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])
+    child.wait()
+    return child
+
+
+def test_lightnings_watcher_reports_a_killed_rank_in_one_line_and_exits_1(tmp_path: Path, monkeypatch, capsys) -> None:
+    """It logged "Child process ... terminated with code -9. Forcefully terminating all other processes" and
+    killed rank 0 with SIGKILL (exit 137): no line of ours, and a status that says killed, not failed."""
+    report = FailureReport(["fit", "--config", "recipes/tiny.yaml"])
+    report.trainer = _trainer(tmp_path, step=4)
+    exits: list[int] = []
+
+    def exit_now(code: int) -> None:  # os._exit would end pytest
+        exits.append(code)
+        raise _Exited
+
+    monkeypatch.setattr(report, "exit_now", exit_now)
+    dead, alive = _dead_child(), subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    observer = SimpleNamespace(_child_processes=[alive, dead])
+    original = []
+    with pytest.raises(_Exited):
+        report._poll(observer, original.append)
+    assert exits == [1] and original == []  # not Lightning's kill
+    assert alive.wait(timeout=10) == -9  # the other launched ranks are killed, as Lightning does
+    line = capsys.readouterr().err.strip()
+    assert line.startswith(f"error: a peer process stopped: the process of rank 2 (PID {dead.pid}) was killed by "
+                           f"SIGKILL; the last complete checkpoint is step 4 (")  # fmt: skip
+    assert (tmp_path / "train.log").read_text().strip() == line  # the log file has it too
+
+
+def test_the_watcher_lets_a_stopping_rank_0_report_first(tmp_path: Path, monkeypatch) -> None:
+    """Rank 0 already stops on its own exception (a failed save, a broken collective): its line comes first;
+    Lightning's kill remains the fallback should that shutdown hang."""
+    from bhyt_pl import failures
+
+    report = FailureReport(["fit"])
+    report.trainer = _trainer(tmp_path, step=4, interrupted=True)
+    observer = SimpleNamespace(_child_processes=[_dead_child()])
+    calls: list[object] = []
+    assert report._poll(observer, calls.append) is False and calls == []
+    monkeypatch.setattr(failures, "_WATCH_GRACE_S", 0.0)
+    report._poll(observer, calls.append)
+    assert calls == [observer]
+
+
+def test_a_watcher_with_every_rank_finished_stops_watching(tmp_path: Path) -> None:
+    finished = subprocess.Popen([sys.executable, "-c", "pass"])
+    finished.wait()
+    report = FailureReport(["fit"])
+    assert report._poll(SimpleNamespace(_child_processes=[finished]), lambda observer: None) is True
