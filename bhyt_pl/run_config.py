@@ -18,7 +18,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from bhyt_pl.config import LlamaConfig
 from bhyt_pl.norms import NormScheme
 
-__all__ = ["RunFactsSource", "build_run_config", "data_run_facts"]
+__all__ = ["RunFactsSource", "build_run_config", "data_run_facts", "data_tokenizer", "warn_if_unbound"]
 
 
 @runtime_checkable
@@ -35,6 +35,13 @@ def data_run_facts(data: Any) -> dict[str, Any]:
     return dict(data.run_facts()) if isinstance(data, RunFactsSource) else {}
 
 
+def data_tokenizer(data: Any) -> str | None:
+    """The tokenizer name or path a data module reads with (its ``tokenizer`` attribute when that is a string):
+    what ``LlamaLM`` records so evaluation can rebuild the tokenizer."""
+    value = getattr(data, "tokenizer", None)
+    return value if isinstance(value, str) else None
+
+
 def build_run_config(
     preset: str = "tiny",
     norm: str | NormScheme = "rmsnorm",
@@ -43,6 +50,7 @@ def build_run_config(
     run_facts: Mapping[str, Any] | None = None,
     *,
     base: LlamaConfig | None = None,
+    warn_unbound: bool = True,
 ) -> LlamaConfig:
     """The ``LlamaConfig`` of one run, its norm scheme resolved once and bound to the run's facts.
 
@@ -57,6 +65,8 @@ def build_run_config(
             the scheme takes those it declares and ignores the rest, ``None`` values included.
         base: the config of a checkpoint this run starts from (fine-tuning); its facts are re-bound to
             this run's (the released code sets BHyT's T from the current run every time it builds a model).
+        warn_unbound: warn when a fact the scheme declares is still unknown (``warn_if_unbound``); ``LlamaLM``
+            turns it off while it may still learn the facts from its data module, and warns when it builds the model.
 
     A fact the norm arguments set explicitly is kept, with a warning when it differs from the run's; a
     declared fact the run does not know warns (the scheme falls back to its documented default). A
@@ -104,11 +114,18 @@ def build_run_config(
                 f"this run's {fact} is {facts[fact]}"
             )
     config = config.bind(**{k: v for k, v in facts.items() if k not in explicit})
+    if warn_unbound:
+        warn_if_unbound(config)
+    return config
+
+
+def warn_if_unbound(config: LlamaConfig) -> None:
+    """Warn, naming them, about the run facts ``config``'s scheme declares but nobody bound (the scheme then
+    falls back to its documented default, e.g. BHyT's T = 1024)."""
     unbound = config.norm_scheme().unbound_run_facts()
     if unbound:
         rank_zero_warn(
-            f"norm {config.norm!r} needs the run fact(s) {unbound} but the run gave none: pass them as run facts "
-            f"(LlamaLM(run_facts={{{unbound[0]!r}: ...}}); the CLI takes them from the data module's run_facts()); "
+            f"norm {config.norm!r} needs the run fact(s) {unbound} but the run gave none: train it with a data "
+            f"module that declares them (run_facts()), or pass them (LlamaLM(run_facts={{{unbound[0]!r}: ...}})); "
             "the scheme falls back to its default (docs/method.md, section 9)"
         )
-    return config
