@@ -178,7 +178,7 @@ class LlamaLM(L.LightningModule):
             self.bind_run_facts(data_run_facts(datamodule), data_tokenizer(datamodule))
         if stage == "fit":
             settings = describe_training_settings(self.hparams, self.training_sources)
-            rank_zero_info(f"bhyt_pl: training settings {settings}")
+            rank_zero_info(f"LlamaLM: training settings {settings}")
 
     def bind_run_facts(self, facts: Mapping[str, Any], tokenizer: str | None = None) -> None:
         """Bind the facts of the run that trains this model (a data module's ``run_facts()``: ``seq_len``,

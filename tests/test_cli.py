@@ -149,7 +149,7 @@ def test_the_fit_logs_one_line_of_training_settings_and_their_sources(tmp_path: 
     with caplog.at_level("INFO"):
         main(args)
     lines = [r.getMessage() for r in caplog.records if "training settings" in r.getMessage()]
-    assert lines == ["bhyt_pl: training settings weight_decay=0.0 (norm ngpt), warmup_ratio=0.2 (command line), "
+    assert lines == ["LlamaLM: training settings weight_decay=0.0 (norm ngpt), warmup_ratio=0.2 (command line), "
                      "warmup_steps=None (LlamaLM default)"]  # fmt: skip
 
 

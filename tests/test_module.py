@@ -112,7 +112,7 @@ def test_ngpt_recipe_and_post_step_weight_constraint(caplog) -> None:
     with caplog.at_level(logging.INFO):
         trainer.fit(lm, TokenDataModule())
     # one line at the fit: each setting, and where it came from
-    expected = ("bhyt_pl: training settings weight_decay=0.0 (norm ngpt), warmup_ratio=0.05 (LlamaLM default; "
+    expected = ("LlamaLM: training settings weight_decay=0.0 (norm ngpt), warmup_ratio=0.05 (LlamaLM default; "
                 "warmup_steps wins), warmup_steps=0 (norm ngpt)")  # fmt: skip
     assert [r.getMessage() for r in caplog.records if "training settings" in r.getMessage()] == [expected]
     assert trainer.optimizers[0].param_groups[0]["weight_decay"] == 0.0
