@@ -192,7 +192,9 @@ class BHyTCLI(LightningCLI):
     """LightningCLI with bhyt_pl's defaults, links, run layout and resume checks."""
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-        self._argv = list(sys.argv[1:] if args is None else args) if not isinstance(args, dict) else []
+        # the command line as given, to name the file or flag behind each setting (``after_instantiate_classes``);
+        # a dict or Namespace of arguments has no order to read it from
+        self._argv = list(args) if isinstance(args, (list, tuple)) else sys.argv[1:] if args is None else []
         super().parse_arguments(parser, args)
 
     def init_parser(self, **kwargs: Any) -> LightningArgumentParser:

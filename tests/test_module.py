@@ -315,3 +315,39 @@ def test_plain_loaders_bind_nothing_and_bind_run_facts_binds_by_hand() -> None:
     model.bind_run_facts(data.run_facts(), "embedded")
     quiet_trainer(max_steps=1, limit_val_batches=0).fit(model, data.train_dataloader())
     assert model.config.norm_args["seq_len"] == 32 and model.hparams.tokenizer == "embedded"
+
+
+def test_subclasses_with_their_own_training_step_and_optimizer_train_in_plain_lightning() -> None:
+    """The README's two subclasses in small: a training step of one's own (its extra term logged, validation
+    unchanged) and an optimizer and schedule of one's own (used as returned, norm parameters still undecayed)."""
+    from bhyt_pl.optim import parameter_groups
+
+    class ZLossLM(LlamaLM):
+        def training_step(self, batch, batch_idx):
+            logits = self(batch["input_ids"])
+            ce = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=-100)
+            z_loss = torch.logsumexp(logits.float(), dim=-1).pow(2).mean()
+            self.log_dict({"train/loss": ce, "train/z_loss": z_loss})
+            return ce + 1e-4 * z_loss
+
+    class OneCycleLM(LlamaLM):
+        def configure_optimizers(self):
+            optimizer = torch.optim.AdamW(parameter_groups(self.model, self.hparams.weight_decay), lr=self.hparams.lr)
+            total = int(self.trainer.estimated_stepping_batches)
+            scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=self.hparams.lr, total_steps=total)
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    z = ZLossLM(overrides=TINY_OVERRIDES, norm="bhyt", lr=1e-2)
+    trainer = quiet_trainer(max_steps=4, limit_val_batches=1)
+    trainer.fit(z, TokenDataModule())
+    assert {"train/z_loss", "train/loss", "val/loss"} <= set(trainer.callback_metrics)
+    assert z.config.norm_args["seq_len"] == 32  # T from the data module, as for LlamaLM itself
+    one_cycle = OneCycleLM(overrides=TINY_OVERRIDES, norm="dyt", lr=1e-2)
+    trainer = quiet_trainer(max_steps=4, limit_val_batches=0)
+    trainer.fit(one_cycle, TokenDataModule())
+    (scheduler,) = trainer.lr_scheduler_configs
+    assert isinstance(scheduler.scheduler, torch.optim.lr_scheduler.OneCycleLR) and scheduler.scheduler.total_steps == 4
+    decay, no_decay = trainer.optimizers[0].param_groups
+    assert (decay["weight_decay"], no_decay["weight_decay"]) == (0.1, 0.0)
+    alphas = [p for p in no_decay["params"] if p.numel() == 1]  # DyT's alpha per site
+    assert all(p.ndim < 2 for p in no_decay["params"]) and alphas
