@@ -12,7 +12,11 @@ The LightningCLI subclass adds defaults, argument links and the checks that keep
   config differs from the checkpoint's (``bhyt_pl.checkpoint.resume_mismatches``);
 - ``RunCheckpoint`` (``--checkpoint.*``), ``LearningRateMonitor`` (``--lr_monitor.*``) and the step
   progress bar are always on, and ``TokenThroughputMonitor`` (tokens/s in the progress bar) unless the
-  config already has one;
+  config already has one; a monitor configured twice (a callback preset stacked on a recipe that has one) is
+  kept once, the later one (``ONE_PER_RUN``);
+- ``validate``/``test``/``predict`` on a run's checkpoint log into that run's version folder (their config as
+  ``config_<subcommand>.yaml``) instead of claiming a new ``version_N`` at every call;
+- the fit's log line of optimisation settings names the recipe file or the command line each given one came from;
 - single-file checkpoints are written atomically (``AtomicCheckpointIO``) unless ``trainer.plugins`` is set;
   sharded ones by ``RunCheckpoint``; Ctrl-C finishes the step and saves (``--checkpoint.save_on_ctrl_c``);
 - every run writes ``<version dir>/train.log`` (``RunLogFile``: logging, warnings, the traceback);
@@ -42,8 +46,8 @@ from lightning.pytorch.utilities import rank_zero_only
 from bhyt_pl.callbacks.checkpointing import CheckpointSaveError, RunCheckpoint, StoppedByCtrlC
 from bhyt_pl.errors import UsageError
 from bhyt_pl.failures import FailureReport, exception_chain
-from bhyt_pl.module import LlamaLM
-from bhyt_pl.run_config import data_run_facts
+from bhyt_pl.module import GIVEN, LlamaLM
+from bhyt_pl.run_config import data_run_facts, data_tokenizer
 from bhyt_pl.runs import run_loggers
 
 __all__ = ["BHyTCLI", "default_run_name", "main"]
@@ -58,15 +62,14 @@ TOOLS = {
 }
 """Subcommands that are not Lightning's: each module exposes ``main(argv) -> int``."""
 
+ONE_PER_RUN = ("DepthStatsMonitor", "StabilityMonitor", "TokenThroughputMonitor")
+"""Monitors a run has at most one of: two would log the same tags twice. A callback preset stacked on a recipe
+that already configures one (``recipes/tiny.yaml`` has a ``DepthStatsMonitor``) replaces it."""
+
 
 def _data_seq_len(data: Any) -> int | None:
     """The training sequence length the data module declares among its run facts (``RunFactsSource``)."""
     return data_run_facts(data).get("seq_len")
-
-
-def _data_tokenizer(data: Any) -> str | None:
-    value = getattr(data, "tokenizer", None)
-    return value if isinstance(value, str) else None
 
 
 def _norm_label(norm: Any) -> str:
@@ -163,6 +166,33 @@ class _ShortErrorParser(LightningArgumentParser):
         raise SystemExit(2)
 
 
+def _model_setting_sources(argv: list[str], keys: Any) -> dict[str, str]:
+    """Where the command line ``argv`` set each ``model.<key>``: the last ``--config`` file whose ``model`` section
+    sets it, or ``command line`` for ``--model.<key>``; keys nobody set are absent. Later arguments win, as they do
+    for the parser."""
+    import yaml
+
+    sources: dict[str, str] = {}
+    for i, arg in enumerate(argv):
+        if arg in ("--config", "-c") and i + 1 < len(argv):
+            path = argv[i + 1]
+        elif arg.startswith("--config="):
+            path = arg.split("=", 1)[1]
+        else:
+            key = arg.removeprefix("--model.").split("=", 1)[0]
+            if arg.startswith("--model.") and key in keys:
+                sources[key] = "command line"
+            continue
+        try:
+            model = (yaml.safe_load(Path(path).read_text()) or {}).get("model") or {}
+        except (OSError, yaml.YAMLError, AttributeError):  # not a readable mapping: the parser reports it
+            continue
+        for key in keys:
+            if isinstance(model, dict) and model.get(key) is not None:
+                sources[key] = path
+    return sources
+
+
 class BHyTCLI(LightningCLI):
     """LightningCLI with bhyt_pl's defaults, links, run layout and resume checks.
 
@@ -171,6 +201,12 @@ class BHyTCLI(LightningCLI):
     def __init__(self, *args: Any, failure_report: FailureReport | None = None, **kwargs: Any) -> None:
         self.failure_report = failure_report if failure_report is not None else FailureReport(sys.argv[1:])
         super().__init__(*args, **kwargs)
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        # the command line as given, to name the file or flag behind each setting (``after_instantiate_classes``);
+        # a dict or Namespace of arguments has no order to read it from
+        self._argv = list(args) if isinstance(args, (list, tuple)) else sys.argv[1:] if args is None else []
+        super().parse_arguments(parser, args)
 
     def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
         kwargs.setdefault("dump_header", [f"lightning.pytorch=={lightning.__version__}"])
@@ -202,7 +238,7 @@ class BHyTCLI(LightningCLI):
         # builds its config with ``build_run_config``; seq_len also on its own, as LlamaLM records it
         parser.link_arguments("data", "model.seq_len", compute_fn=_data_seq_len, apply_on="instantiate")
         parser.link_arguments("data", "model.run_facts", compute_fn=data_run_facts, apply_on="instantiate")
-        parser.link_arguments("data", "model.tokenizer", compute_fn=_data_tokenizer, apply_on="instantiate")
+        parser.link_arguments("data", "model.tokenizer", compute_fn=data_tokenizer, apply_on="instantiate")
 
     def _subcommand_config(self) -> Namespace:
         subcommand = self.config.get("subcommand")
@@ -256,12 +292,15 @@ class BHyTCLI(LightningCLI):
         run_dir = self._run_dir(cfg)
         if cfg.trainer.logger is not False:
             logger_args: dict[str, Any] = {"save_dir": cfg.runs_dir, "name": run_dir.name}
-            resumed = _resumed_run_version(cfg.get("ckpt_path")) if self.subcommand == "fit" else None
+            resumed = _resumed_run_version(cfg.get("ckpt_path"))
             if resumed is not None:  # a resume continues its version folder: one run, one TensorBoard curve
                 runs_dir, name, version = resumed
                 if runs_dir == Path(cfg.runs_dir).absolute():
                     runs_dir = Path(cfg.runs_dir)  # paths printed as for the fresh run (relative stays relative)
                 logger_args = {"save_dir": str(runs_dir), "name": name, "version": version}
+                if self.subcommand not in (None, "fit"):  # validate/test/predict: the run's config.yaml stays
+                    self.save_config_kwargs = {**self.save_config_kwargs,
+                                               "config_filename": f"config_{self.subcommand}.yaml"}  # fmt: skip
             run_logger = {"class_path": "bhyt_pl.runs.RunLogger", "init_args": logger_args}
             if cfg.trainer.logger is None or cfg.trainer.logger is True:
                 cfg.trainer.logger = run_logger
@@ -269,7 +308,7 @@ class BHyTCLI(LightningCLI):
                 cfg.trainer.logger = run_loggers(cfg.trainer.logger, run_logger, cfg.runs_dir, run_dir.name)
         if cfg.checkpoint.dirpath is None and cfg.trainer.logger is False:
             cfg.checkpoint.dirpath = str(run_dir / "checkpoints")  # no version folders without a logger
-        callbacks = list(cfg.trainer.callbacks or [])
+        callbacks = _one_per_run(list(cfg.trainer.callbacks or []))
         if not any(str(getattr(cb, "class_path", "")).endswith("TokenThroughputMonitor") for cb in callbacks):
             # tokens/s in the progress bar by default; a preset (callbacks/throughput.yaml) configures it
             callbacks.append(Namespace(class_path="bhyt_pl.callbacks.TokenThroughputMonitor", init_args=Namespace()))
@@ -294,6 +333,14 @@ class BHyTCLI(LightningCLI):
             super().instantiate_classes()
         except (ValueError, TypeError, MisconfigurationException) as err:  # a bad setting found by a constructor
             raise UsageError(_one_line(str(err))) from err  # the message names it (Trainer's: `max_steps` must be ...)
+
+    def after_instantiate_classes(self) -> None:
+        """Name the recipe file or the command line behind each optimisation setting the fit's log line lists."""
+        super().after_instantiate_classes()
+        if isinstance(self.model, LlamaLM):
+            sources = self.model.training_sources
+            found = _model_setting_sources(getattr(self, "_argv", []), [k for k, v in sources.items() if v == GIVEN])
+            sources.update(found)
 
     def _check_checkpoint_config(self) -> None:
         """Fail before any work when the model config differs from the checkpoint's (resume or evaluation)."""
@@ -329,6 +376,18 @@ class BHyTCLI(LightningCLI):
         self.failure_report.trainer = self.trainer
         with self.failure_report.watching_launched_processes():
             super()._run_subcommand(subcommand)
+
+
+def _class_name(callback: Any) -> str:
+    """The class name of a callback as parsed (``class_path``/``init_args``), or "" for anything else."""
+    path = callback.get("class_path") if isinstance(callback, dict) else getattr(callback, "class_path", None)
+    return str(path or "").rsplit(".", 1)[-1]
+
+
+def _one_per_run(callbacks: list[Any]) -> list[Any]:
+    """``callbacks`` (as parsed) with each ``ONE_PER_RUN`` class kept once: its last configuration, where it stands."""
+    last = {_class_name(cb): i for i, cb in enumerate(callbacks) if _class_name(cb) in ONE_PER_RUN}
+    return [cb for i, cb in enumerate(callbacks) if last.get(_class_name(cb), i) == i]
 
 
 @rank_zero_only

@@ -229,11 +229,26 @@ def load_runs(paths: Sequence[str | Path], only: Sequence[str] = ()) -> list[Run
             runs.extend(load_study_runs(p, only))
         else:
             runs.append(load_event_run(p))
-    labels = [r.label for r in runs]
-    for run in runs:
-        if labels.count(run.label) > 1:
-            run.label = f"{run.label} [{Path(run.source).parent.name}/{Path(run.source).name}]"
+    _distinguish(runs)
     return runs
+
+
+def _distinguish(runs: Sequence[RunData]) -> None:
+    """Append to each label that repeats the shortest tail of its run's path (at least ``<run>/version_N``) that
+    no other run with that label shares: runs of one name from two ``--runs_dir`` differ in a folder above it."""
+    groups: dict[str, list[RunData]] = {}
+    for run in runs:
+        groups.setdefault(run.label, []).append(run)
+    for label, group in groups.items():
+        if len(group) < 2:
+            continue
+        parts = [Path(run.source).absolute().parts for run in group]
+        for depth in range(2, max(map(len, parts)) + 1):
+            tails = [str(Path(*p[-depth:])) for p in parts]
+            if len(set(tails)) == len(tails):
+                break
+        for run, tail in zip(group, tails):
+            run.label = f"{label} [{tail}]"
 
 
 # ----------------------------------------------------------------------------- writing
@@ -305,6 +320,9 @@ def compare_figure(runs: Sequence[RunData]) -> Any:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         if drawn and log_scale:
             ax.set_yscale("log")
+    for ax in axes:
+        if ax.get_yscale() == "linear":  # 4.5582-4.5584 reads as itself, not as "+4.558" and 2e-4
+            ax.ticklabel_format(axis="y", useOffset=False)
         if not drawn:
             ax.text(0.5, 0.5, "not logged by these runs", ha="center", va="center", transform=ax.transAxes)
     for ax in axes[2 + len(panels) :]:

@@ -16,6 +16,7 @@ models to and from ``transformers.LlamaForCausalLM``.
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -235,6 +236,7 @@ def save_hf(model: Llama, out_dir: str | Path, tokenizer: Any = None) -> Path:
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    before = {p.name: p.stat().st_ino for p in out.iterdir()}  # files this export creates get new inodes
     tok = load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
     special = SpecialTokens.from_tokenizer(tok) if tok is not None else None
     token_ids = {"bos_token_id": special.bos_id, "eos_token_id": special.eos_id} if special else {}
@@ -267,7 +269,19 @@ def save_hf(model: Llama, out_dir: str | Path, tokenizer: Any = None) -> Path:
         save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     if tok is not None:
         _save_tokenizer(tok, special, model.config.max_seq_len, out)
+    _apply_umask([p for p in out.iterdir() if p.is_file() and before.get(p.name) != p.stat().st_ino])
     return out
+
+
+def _apply_umask(paths: list[Path]) -> None:
+    """Give files this export created the mode a plain ``open`` gives a new file (``0o666`` less the umask).
+    safetensors writes through a temporary file, which ``mkstemp`` creates ``0o600``, so ``model.safetensors``
+    was unreadable to the other users of a shared machine while every other exported file was not. Files
+    rewritten in place keep their inode and their mode, as ``open`` would leave it."""
+    umask = os.umask(0)  # reading the umask means setting it; put it back at once
+    os.umask(umask)
+    for path in paths:
+        path.chmod(0o666 & ~umask)
 
 
 def _save_tokenizer(tok: Any, special: Any, max_length: int, out: Path) -> None:

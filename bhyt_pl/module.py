@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import lightning as L
@@ -18,7 +19,7 @@ from bhyt_pl.model import Llama
 from bhyt_pl.norms import NormScheme
 from bhyt_pl.optim import cosine_with_warmup, parameter_groups
 from bhyt_pl.parallelize import load_full_state_dict, shard_model
-from bhyt_pl.run_config import build_run_config
+from bhyt_pl.run_config import build_run_config, data_run_facts, data_tokenizer, warn_if_unbound
 from bhyt_pl.validation import raise_if_problems
 
 __all__ = ["LlamaLM"]
@@ -29,7 +30,19 @@ log = logging.getLogger(__name__)
 class LlamaLM(L.LightningModule):
     """Causal language modelling with a Llama whose norms come from the registry.
 
-    Made to be subclassed: override ``compute_loss`` (e.g. add an auxiliary term) or any hook.
+    Made to be subclassed: override ``compute_loss`` (e.g. add an auxiliary term) or any hook. With the CLI or
+    a plain ``Trainer``, the facts of the run (``seq_len``, ``batch_size``, the tokenizer) come from the data
+    module it is trained with: the CLI links them, and ``setup`` takes them from ``trainer.datamodule``
+    before the model is built (``bind_run_facts``); a value given here must agree with the data module's.
+
+    Example:
+        >>> import lightning as L
+        >>> from bhyt_pl.data import C4DataModule
+        >>> data = C4DataModule(data_files="embedded", tokenizer="embedded", seq_len=128, batch_size=4)
+        >>> model = LlamaLM(preset="tiny", norm="bhyt")
+        >>> L.Trainer(max_steps=20, accelerator="cpu").fit(model, data)  # doctest: +SKIP
+        >>> model.config.norm_args["seq_len"]  # doctest: +SKIP
+        128
 
     Args:
         preset: model preset (``bhyt_pl.PRESETS``): ``tiny``, ``llama-1b``, ...
@@ -37,14 +50,15 @@ class LlamaLM(L.LightningModule):
         norm: a registered norm name (``rmsnorm``, ``bhyt``, ...) or a ``NormScheme`` instance
             (``class_path``/``init_args`` in YAML) for a tuned or custom scheme.
         norm_args: constructor arguments for a norm given by name, e.g. ``{"lambda_attn": 1.0}``.
-        seq_len: training sequence length ``T`` of this run, its most common run fact; linked from the data
-            module by the CLI. Bound into the norm scheme (BHyT's ``c = ||W_V W_O||_F^2 / (T d)``) unless the
-            scheme's own arguments set it; with ``init_checkpoint`` it replaces the pretraining T.
+        seq_len: training sequence length ``T`` of this run, its most common run fact; None takes the data
+            module's (linked by the CLI, read in ``setup`` otherwise). Bound into the norm scheme (BHyT's
+            ``c = ||W_V W_O||_F^2 / (T d)``) unless the scheme's own arguments set it; with ``init_checkpoint`` it
+            replaces the pretraining T. A value that differs from the data module's is an error.
         run_facts: every other fact about this run a norm scheme may declare (``NormScheme.run_facts``), e.g.
-            ``{"batch_size": 8}``; the CLI links the data module's ``run_facts()``. The config is built by
+            ``{"batch_size": 8}``; None takes the data module's ``run_facts()``. The config is built by
             ``bhyt_pl.run_config.build_run_config`` from these, ``seq_len`` and the model arguments.
-        tokenizer: tokenizer name or path the data uses; linked by the CLI and stored in checkpoints
-            so evaluation can rebuild it.
+        tokenizer: tokenizer name or path the data uses, stored in checkpoints so evaluation can rebuild it;
+            None takes the data module's.
         lr: peak learning rate.
         min_lr_ratio: the cosine schedule ends at ``lr * min_lr_ratio``.
         warmup_ratio: linear warmup over this fraction of the total optimizer steps (None: the norm scheme's
@@ -104,9 +118,14 @@ class LlamaLM(L.LightningModule):
             from bhyt_pl.checkpoint import read_model_config
 
             self.init_config = read_model_config(init_checkpoint)  # what load_initial_weights expects to find
-        self.config = build_run_config(preset, norm, norm_args, overrides, facts, base=self.init_config)
+        self._config_args = (preset, norm, norm_args, overrides)
+        self._facts = facts
+        """Run facts given here or bound since (``bind_run_facts``): a data module must agree with them."""
+        # no warning about unbound facts yet: ``setup`` may still learn them from the data module
+        self.config = build_run_config(preset, norm, norm_args, overrides, facts, base=self.init_config,
+                                       warn_unbound=False)  # fmt: skip
         given = {"weight_decay": weight_decay, "warmup_ratio": warmup_ratio, "warmup_steps": warmup_steps}
-        resolved = resolve_training_defaults(self.config.norm_scheme(), given)
+        resolved, self.training_sources = resolve_training_defaults(self.config.norm_scheme(), given)
         weight_decay, warmup_ratio, warmup_steps = (resolved[k] for k in given)
         problems = []
         if loss_impl not in LOSS_IMPLS:
@@ -147,6 +166,67 @@ class LlamaLM(L.LightningModule):
         self._flops_shape: tuple[int, int] | None = None
 
     # ------------------------------------------------------------------ config and model
+    def setup(self, stage: str) -> None:
+        """Take the run facts and the tokenizer of the data module this model is trained with, before the model
+        is built (``configure_model`` runs after ``setup``), and say where the optimisation settings came from.
+
+        Through the CLI the data module's facts were linked already and this changes nothing; in a plain
+        ``Trainer.fit(model, datamodule)`` it is what binds BHyT's T to the data's sequence length. Loaders
+        passed without a data module give no facts: pass them to ``LlamaLM`` or ``bind_run_facts``."""
+        datamodule = self.trainer.datamodule
+        if datamodule is not None:
+            self.bind_run_facts(data_run_facts(datamodule), data_tokenizer(datamodule))
+        if stage == "fit":
+            settings = describe_training_settings(self.hparams, self.training_sources)
+            rank_zero_info(f"LlamaLM: training settings {settings}")
+
+    def bind_run_facts(self, facts: Mapping[str, Any], tokenizer: str | None = None) -> None:
+        """Bind the facts of the run that trains this model (a data module's ``run_facts()``: ``seq_len``,
+        ``batch_size``) and its tokenizer: the config is rebuilt with them (``build_run_config``) and the
+        hyperparameters saved again, so ``hparams.yaml`` and checkpoints carry the bound values.
+
+        A fact or tokenizer this module was given (or bound before) that differs is a ``ValueError`` naming
+        both values, raised before any work; so is a change after the model was built for other facts.
+        """
+        facts = {k: v for k, v in facts.items() if v is not None}
+        given_tokenizer = self.hparams.tokenizer
+        problems = [
+            f"LlamaLM has {key}={self._facts[key]!r}, the data module {key}={value!r}"
+            for key, value in sorted(facts.items())
+            if self._facts.get(key) is not None and self._facts[key] != value
+        ]
+        if tokenizer is not None and given_tokenizer is not None and tokenizer != given_tokenizer:
+            problems.append(f"LlamaLM has tokenizer={given_tokenizer!r}, the data module tokenizer={tokenizer!r}")
+        if problems:
+            raise ValueError(
+                "; ".join(problems) + ": give LlamaLM the data module's values, or leave them unset (None) and it "
+                "takes them from the data module it is trained with"
+            )
+        merged = {**facts, **self._facts}
+        tokenizer = given_tokenizer if given_tokenizer is not None else tokenizer
+        if merged == self._facts and tokenizer == given_tokenizer:
+            return  # the CLI linked them already, or this data module was seen before
+        preset, norm, norm_args, overrides = self._config_args
+        config = build_run_config(preset, norm, norm_args, overrides, merged, base=self.init_config,
+                                  warn_unbound=False)  # fmt: skip
+        if self.model is not None and config.to_dict() != self.config.to_dict():
+            raise ValueError(
+                f"LlamaLM's model was built before it knew this run's facts {facts}, which change its norm arguments "
+                f"from {dict(self.config.norm_args)} to {dict(config.norm_args)}: give them to LlamaLM (seq_len=..., "
+                "run_facts=...) before its model is built, or let the Trainer build it (configure_model runs after "
+                "setup takes the data module's facts)"
+            )
+        self.config, self._facts = config, merged
+        self.save_hyperparameters(
+            {
+                **self.hparams,
+                "norm_args": dict(config.norm_args),
+                "seq_len": merged.get("seq_len"),
+                "run_facts": merged,
+                "tokenizer": tokenizer,
+            }
+        )
+
     def configure_model(self) -> None:
         """Build the model here (not in ``__init__``) so sharded strategies can build it on the meta device.
 
@@ -156,6 +236,7 @@ class LlamaLM(L.LightningModule):
         """
         if self.model is not None:
             return
+        warn_if_unbound(self.config)  # the model is built now: a fact still unknown takes the scheme's fallback
         mesh = self._data_parallel_mesh()
         if mesh is None:
             model = Llama(self.config)
@@ -220,12 +301,14 @@ class LlamaLM(L.LightningModule):
         self.model.refresh_norm_constants()  # c from the loaded weights (every rank, sharded or not)
 
     def configure_callbacks(self) -> list[L.Callback]:
-        """Callbacks the model itself needs (added automatically): the norm-constant refresh for BHyT,
-        unless ``trainer.callbacks`` already holds a ``NormConstantRefresh`` (configured, or disabled with
-        ``enabled=False``), which Lightning would otherwise replace with this default."""
-        from bhyt_pl.callbacks import norm_refresh_callbacks
+        """Callbacks the model itself needs (added automatically): the norm-constant refresh for BHyT and a
+        validation pass at the last step (``ValidateAtLastStep``), each unless ``trainer.callbacks`` already
+        holds one (a ``NormConstantRefresh`` configured or disabled with ``enabled=False``), which Lightning
+        would otherwise replace with this default."""
+        from bhyt_pl.callbacks import final_validation_callbacks, norm_refresh_callbacks
 
-        return norm_refresh_callbacks(self.trainer, self.config.norm_scheme().needs_constant_refresh)
+        needs_refresh = self.config.norm_scheme().needs_constant_refresh
+        return norm_refresh_callbacks(self.trainer, needs_refresh) + final_validation_callbacks(self.trainer)
 
     def refresh_norm_constants(self) -> None:
         """Recompute weight-derived norm constants (BHyT's ``c``) from the current weights."""
@@ -336,19 +419,45 @@ ALTERNATIVE_SETTINGS = (("warmup_ratio", "warmup_steps"),)
 sets one of a group, the scheme's recipe supplies none of it, so it cannot override the user's choice."""
 
 
-def resolve_training_defaults(scheme: NormScheme, given: dict[str, Any]) -> dict[str, Any]:
+GIVEN = "given"
+"""The source ``resolve_training_defaults`` records for a value the caller set; the CLI replaces it with the file
+or the command line that set it (``BHyTCLI``)."""
+
+
+def resolve_training_defaults(scheme: NormScheme, given: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
     """``given`` (optimisation settings by ``LlamaLM`` argument name, None where the user set nothing) with each
     unset one taken from the scheme's ``training_defaults``, else ``TRAINING_DEFAULTS``; a group of
-    ``ALTERNATIVE_SETTINGS`` takes nothing from the scheme when the user set any of it. Logs, on every call,
-    which values the scheme's recipe supplied. Used by ``LlamaLM`` and so by ``fit`` and ``study``."""
+    ``ALTERNATIVE_SETTINGS`` takes nothing from the scheme when the user set any of it. Used by ``LlamaLM`` and
+    so by ``fit`` and ``study``: precedence, lowest first, is the scheme's declared defaults (or LlamaLM's),
+    then whatever the caller set (in the CLI: base recipe < norm overlay < command line, as later configs win).
+
+    Returns:
+        ``(values, sources)``: the resolved value of each setting and where it came from (``GIVEN``,
+        ``"norm <name>"`` or ``"LlamaLM default"``), which ``describe_training_settings`` prints.
+
+    Example:
+        >>> from bhyt_pl.norms import build_norm_scheme
+        >>> resolve_training_defaults(build_norm_scheme("ngpt"), {"weight_decay": None, "warmup_ratio": 0.1})
+        ({'weight_decay': 0.0, 'warmup_ratio': 0.1}, {'weight_decay': 'norm ngpt', 'warmup_ratio': 'given'})
+    """
     out = dict(given)
-    user_set = {k for k, v in out.items() if v is not None}
-    chosen = {k for group in ALTERNATIVE_SETTINGS if user_set.intersection(group) for k in group}
+    sources = {k: GIVEN for k, v in out.items() if v is not None}
+    chosen = {k for group in ALTERNATIVE_SETTINGS if set(sources).intersection(group) for k in group}
     from_scheme = {k: v for k, v in scheme.training_defaults.items() if k in out and out[k] is None and k not in chosen}
     for key, value in out.items():
         if value is None:
             out[key] = from_scheme.get(key, TRAINING_DEFAULTS.get(key))
-    if from_scheme:
-        text = ", ".join(f"{k}={v}" for k, v in from_scheme.items())
-        rank_zero_info(f"norm {scheme.name!r}: {text} from its recipe (set them to override)")
-    return out
+            sources[key] = f"norm {scheme.name}" if key in from_scheme else "LlamaLM default"
+    return out, {k: sources[k] for k in out}
+
+
+def describe_training_settings(values: Mapping[str, Any], sources: Mapping[str, str]) -> str:
+    """``weight_decay=0.0 (norm ngpt), warmup_ratio=0.05 (LlamaLM default; warmup_steps wins), ...``: the
+    resolved optimisation settings with their sources, as the fit's log line prints them."""
+    parts = []
+    for key, source in sources.items():
+        note = source
+        if key == "warmup_ratio" and values.get("warmup_steps") is not None:
+            note += "; warmup_steps wins"  # configure_optimizers prefers warmup_steps
+        parts.append(f"{key}={values[key]} ({note})")
+    return ", ".join(parts)

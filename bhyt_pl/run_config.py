@@ -20,7 +20,7 @@ from bhyt_pl.config import LlamaConfig
 from bhyt_pl.norms import NormScheme
 from bhyt_pl.run_facts import complete_run_facts, registered_run_facts
 
-__all__ = ["RunFactsSource", "build_run_config", "data_run_facts"]
+__all__ = ["RunFactsSource", "build_run_config", "data_run_facts", "data_tokenizer", "warn_if_unbound"]
 
 
 @runtime_checkable
@@ -37,6 +37,13 @@ def data_run_facts(data: Any) -> dict[str, Any]:
     return dict(data.run_facts()) if isinstance(data, RunFactsSource) else {}
 
 
+def data_tokenizer(data: Any) -> str | None:
+    """The tokenizer name or path a data module reads with (its ``tokenizer`` attribute when that is a string):
+    what ``LlamaLM`` records so evaluation can rebuild the tokenizer."""
+    value = getattr(data, "tokenizer", None)
+    return value if isinstance(value, str) else None
+
+
 def build_run_config(
     preset: str = "tiny",
     norm: str | NormScheme = "rmsnorm",
@@ -45,6 +52,7 @@ def build_run_config(
     run_facts: Mapping[str, Any] | None = None,
     *,
     base: LlamaConfig | None = None,
+    warn_unbound: bool = True,
 ) -> LlamaConfig:
     """The ``LlamaConfig`` of one run, its norm scheme resolved once and bound to the run's facts.
 
@@ -61,6 +69,8 @@ def build_run_config(
             included.
         base: the config of a checkpoint this run starts from (fine-tuning); its facts are re-bound to
             this run's (the released code sets BHyT's T from the current run every time it builds a model).
+        warn_unbound: warn when a fact the scheme declares is still unknown (``warn_if_unbound``); ``LlamaLM``
+            turns it off while it may still learn the facts from its data module, and warns when it builds the model.
 
     A fact the norm arguments set explicitly is kept, with a warning when it differs from the run's; a
     declared fact the run does not know warns (the scheme falls back to its documented default). A
@@ -108,6 +118,14 @@ def build_run_config(
                 f"this run's {fact} is {facts[fact]}"
             )
     config = config.bind(**{k: v for k, v in facts.items() if k not in explicit})
+    if warn_unbound:
+        warn_if_unbound(config)
+    return config
+
+
+def warn_if_unbound(config: LlamaConfig) -> None:
+    """Warn, naming them, about the run facts ``config``'s scheme declares but nobody bound (the scheme then
+    falls back to its documented default, e.g. BHyT's T = 1024)."""
     unbound = config.norm_scheme().unbound_run_facts()
     unknown = [fact for fact in unbound if fact not in registered_run_facts()]
     if unknown:
@@ -117,8 +135,7 @@ def build_run_config(
         )
     elif unbound:
         rank_zero_warn(
-            f"norm {config.norm!r} needs the run fact(s) {unbound} but the run gave none: pass them as run facts "
-            f"(LlamaLM(run_facts={{{unbound[0]!r}: ...}}); the CLI takes them from the data module's run_facts()); "
+            f"norm {config.norm!r} needs the run fact(s) {unbound} but the run gave none: train it with a data "
+            f"module that declares them (run_facts()), or pass them (LlamaLM(run_facts={{{unbound[0]!r}: ...}})); "
             "the scheme falls back to its default (docs/method.md, section 9)"
         )
-    return config

@@ -61,6 +61,8 @@ def claim_version(run_dir: str | Path) -> int:
                 return version
             except FileExistsError:
                 version += 1
+            except FileNotFoundError:  # a failed run removed the then empty run folder (discard_version)
+                run_dir.mkdir(parents=True, exist_ok=True)
     except FileExistsError as err:  # a file where a folder is needed
         raise UsageError(f"cannot create the run folder {str(run_dir)!r}: {err.filename} is a file; check --runs_dir")
     except OSError as err:  # read-only, no permission, quota, ...: found before any work
@@ -73,13 +75,18 @@ def claim_version(run_dir: str | Path) -> int:
 def discard_version(run_dir: str | Path, version: int) -> bool:
     """Remove ``run_dir/version_N`` of a run that failed before its first step (a TensorBoard file and
     ``config.yaml``, no checkpoint), so failed attempts leave no orphan folder; True if removed. A folder
-    holding a checkpoint is kept."""
+    holding a checkpoint is kept. ``run_dir`` itself goes too when nothing else is left in it (a failed first
+    run of a name leaves no empty ``<run_name>/``)."""
     import shutil
 
     folder = Path(run_dir) / f"version_{version}"
     if not folder.is_dir() or any(folder.glob("checkpoints/*.ckpt")):
         return False
     shutil.rmtree(folder, ignore_errors=True)
+    try:
+        os.rmdir(run_dir)  # only when empty: another version, or a run claiming one, keeps it
+    except OSError:
+        pass
     return True
 
 

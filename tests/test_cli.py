@@ -18,11 +18,12 @@ from bhyt_pl.cli import main, user_error_message
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes"
-OVERLAY_DIRS = ("norms", "distributed", "loggers")
+OVERLAY_DIRS = ("norms", "distributed", "loggers", "tiny")
 BASES = sorted(p for p in RECIPES.rglob("*.yaml") if p.parent.name not in OVERLAY_DIRS)
 OVERLAYS = sorted((RECIPES / "norms").glob("*.yaml"))
 STRATEGIES = sorted((RECIPES / "distributed").glob("*.yaml"))
 LOGGERS = sorted((RECIPES / "loggers").glob("*.yaml"))
+TINY_OVERLAYS = sorted((RECIPES / "tiny").glob("*.yaml"))
 
 
 def _print_config(capsys, *args: str) -> dict:
@@ -81,6 +82,93 @@ def test_every_strategy_overlay_stacks(overlay: Path, capsys) -> None:
             want = expected[key]
             assert (got == want) if isinstance(want, (str, int)) else got["class_path"] == want["class_path"]
     assert config["model"]["norm"] == "bhyt"
+
+
+@pytest.mark.parametrize("overlay", TINY_OVERLAYS, ids=lambda p: p.stem)
+def test_every_tiny_overlay_stacks_on_the_tiny_recipe(overlay: Path, capsys) -> None:
+    config = _print_config(capsys, "--config", str(RECIPES / "tiny.yaml"), "--config", str(overlay))
+    expected = yaml.safe_load(overlay.read_text())["model"]
+    assert config["model"]["preset"] == "tiny" and config["model"]["norm"] == overlay.stem
+    assert all(config["model"][key] == value for key, value in expected.items())
+
+
+def test_ngpt_keeps_each_recipes_rate_and_tiny_has_its_own(capsys) -> None:
+    """nGPT's best rate depends on the width: a rate tuned at tiny (d = 128) must not reach d = 2048."""
+    for size, lr in (("374m", 3e-4), ("1b", 3e-4), ("3b", 3e-4)):
+        base = ["--config", str(RECIPES / f"pretrain/llama-{size}.yaml")]
+        config = _print_config(capsys, *base, "--config", str(RECIPES / "norms/ngpt.yaml"))
+        assert (config["model"]["norm"], config["model"]["lr"]) == ("ngpt", lr)
+    config = _print_config(capsys, "--config", str(RECIPES / "tiny.yaml"), "--config", str(RECIPES / "tiny/ngpt.yaml"))
+    assert (config["model"]["norm"], config["model"]["lr"]) == ("ngpt", 3e-2)
+    line = _print_config(capsys, "--config", str(RECIPES / "tiny.yaml"), "--model.norm", "ngpt")
+    assert line["model"]["lr"] == 3e-3  # the one-line switch keeps the recipe's rate; the overlay brings tiny's
+
+
+def test_base_recipes_leave_weight_decay_and_warmup_to_the_scheme(capsys) -> None:
+    """They set exactly LlamaLM's defaults, which the CLI cannot tell from a user's choice, so nGPT trained with
+    weight decay 0.1 and 5 % warmup on ``--model.norm ngpt`` (loss 8.42 at step 30 against bhyt's 5.85)."""
+    for recipe in [RECIPES / "tiny.yaml", *sorted((RECIPES / "pretrain").glob("*.yaml"))]:
+        model = _print_config(capsys, "--config", str(recipe))["model"]
+        assert (model["weight_decay"], model["warmup_ratio"], model["warmup_steps"]) == (None, None, None), recipe
+
+
+def _settings(tmp_path: Path, *args: str) -> tuple[dict, dict]:
+    cli = main(["--config", str(RECIPES / "tiny.yaml"), "--runs_dir", str(tmp_path), *args], run=False)
+    keys = ("weight_decay", "warmup_ratio", "warmup_steps")
+    return {k: cli.model.hparams[k] for k in keys}, {k: cli.model.training_sources[k] for k in keys}
+
+
+def test_training_settings_precedence_scheme_base_overlay_command_line(tmp_path: Path) -> None:
+    """Lowest first: the scheme's declared defaults (else LlamaLM's), the base recipe, the norm overlay, the
+    command line; the source of each setting is the file or the command line that set it."""
+    values, sources = _settings(tmp_path, "--model.norm", "ngpt")
+    assert values == {"weight_decay": 0.0, "warmup_ratio": 0.05, "warmup_steps": 0}
+    assert sources == {"weight_decay": "norm ngpt", "warmup_ratio": "LlamaLM default", "warmup_steps": "norm ngpt"}
+    values, sources = _settings(tmp_path)  # rmsnorm declares nothing: LlamaLM's defaults, as the recipe had them
+    assert values == {"weight_decay": 0.1, "warmup_ratio": 0.05, "warmup_steps": None}
+    assert set(sources.values()) == {"LlamaLM default"}
+    base = tmp_path / "base.yaml"  # a base recipe of the user's that sets weight decay
+    base.write_text(yaml.safe_dump({"model": {"weight_decay": 0.05}}))
+    overlay = tmp_path / "overlay.yaml"  # a norm overlay that sets it again, and warmup
+    overlay.write_text(yaml.safe_dump({"model": {"norm": "ngpt", "weight_decay": 0.02, "warmup_ratio": 0.1}}))
+    values, sources = _settings(tmp_path, "--config", str(base), "--model.norm", "ngpt")
+    assert (values["weight_decay"], sources["weight_decay"]) == (0.05, str(base))
+    values, sources = _settings(tmp_path, "--config", str(base), "--config", str(overlay))
+    assert values == {"weight_decay": 0.02, "warmup_ratio": 0.1, "warmup_steps": None}  # the recipe's warmup_ratio
+    assert sources == {"weight_decay": str(overlay), "warmup_ratio": str(overlay), "warmup_steps": "LlamaLM default"}
+    stacked = ("--config", str(base), "--config", str(overlay))
+    values, sources = _settings(tmp_path, *stacked, "--model.weight_decay", "0.01")
+    assert (values["weight_decay"], sources["weight_decay"]) == (0.01, "command line")
+    values, sources = _settings(tmp_path, "--model.weight_decay=0.3", "--config", str(overlay))  # later wins
+    assert (values["weight_decay"], sources["weight_decay"]) == (0.02, str(overlay))
+
+
+def test_the_fit_logs_one_line_of_training_settings_and_their_sources(tmp_path: Path, caplog) -> None:
+    args = ["fit", "--config", str(RECIPES / "tiny.yaml"), "--runs_dir", str(tmp_path), "--model.norm", "ngpt",
+            "--model.warmup_ratio", "0.2", "--trainer.max_steps", "1", "--trainer.limit_val_batches", "0",
+            "--data.init_args.seq_len", "16", "--trainer.enable_progress_bar", "false"]  # fmt: skip
+    with caplog.at_level("INFO"):
+        main(args)
+    lines = [r.getMessage() for r in caplog.records if "training settings" in r.getMessage()]
+    assert lines == ["LlamaLM: training settings weight_decay=0.0 (norm ngpt), warmup_ratio=0.2 (command line), "
+                     "warmup_steps=None (LlamaLM default)"]  # fmt: skip
+
+
+def test_validate_on_a_runs_checkpoint_logs_into_its_version(tmp_path: Path) -> None:
+    """Each call created a new version_N (a log, config.yaml, no checkpoint) beside the run it validated."""
+    common = ["--config", str(RECIPES / "tiny.yaml"), "--runs_dir", str(tmp_path), "--data.init_args.seq_len", "16",
+              "--trainer.limit_val_batches", "1", "--trainer.enable_progress_bar", "false"]  # fmt: skip
+    main(["fit", *common, "--trainer.max_steps", "2"])
+    version = tmp_path / "tiny-rmsnorm" / "version_0"
+    config = (version / "config.yaml").read_text()
+    events = len(list(version.glob("events.out.tfevents.*")))
+    for ckpt_path in (str(version / "checkpoints" / "last.ckpt"), "last"):
+        cli = main(["validate", *common, "--ckpt_path", ckpt_path])
+        assert cli.trainer.logger.log_dir == str(version)
+    assert sorted(p.name for p in (tmp_path / "tiny-rmsnorm").iterdir()) == ["version_0"]
+    assert (version / "config.yaml").read_text() == config  # the fit's configuration stays
+    assert "subcommand: validate" not in config and (version / "config_validate.yaml").is_file()
+    assert len(list(version.glob("events.out.tfevents.*"))) == events + 2  # val/loss on the run's own curve
 
 
 def test_command_line_switches_the_norm(capsys) -> None:
@@ -254,8 +342,25 @@ def test_a_run_failing_at_its_first_step_leaves_no_orphan_folder(tmp_path: Path)
     with pytest.raises(RuntimeError, match="a bug in the first step"):
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     assert not list(tmp_path.rglob("version_*"))
+    assert not (tmp_path / "tiny-rmsnorm").exists()  # nor an empty run folder
     cli = main(args, run=False)
     assert cli.trainer.logger.log_dir == str(tmp_path / "tiny-rmsnorm" / "version_0")
+
+
+def test_a_run_failing_in_setup_leaves_no_empty_run_folder(tmp_path: Path, monkeypatch, capsys) -> None:
+    """It removed version_0 but left an empty runs/tiny-rmsnorm/; a folder with other versions stays."""
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    (shards / "c4-train.00000-of-00001.json.gz").write_text("not gzip")
+    runs = tmp_path / "runs"
+    args = ["fit", "--config", str(RECIPES / "tiny.yaml"), "--runs_dir", str(runs), "--trainer.max_steps", "2",
+            "--data.init_args.data_files", str(shards), "--trainer.enable_progress_bar", "false"]  # fmt: skip
+    err = _command_line(monkeypatch, capsys, *args)
+    assert "no shard is readable" in err and list(runs.iterdir()) == []
+    (runs / "tiny-rmsnorm" / "version_0" / "checkpoints").mkdir(parents=True)
+    (runs / "tiny-rmsnorm" / "version_0" / "checkpoints" / "last.ckpt").write_bytes(b"an earlier run's")
+    _command_line(monkeypatch, capsys, *args)
+    assert sorted(p.name for p in (runs / "tiny-rmsnorm").iterdir()) == ["version_0"]
 
 
 def test_a_full_disk_is_reported_plainly(tmp_path: Path, monkeypatch) -> None:

@@ -150,3 +150,34 @@ def test_a_run_without_logged_data_says_so(tmp_path: Path) -> None:
     table = markdown_table(load_runs([tmp_path / "done", tmp_path / "new"])).splitlines()
     assert table[2].startswith("| rmsnorm | 1 | 256 |")
     assert table[3] == "| new | no logged data yet |  |  |  |  |  |  |  |"
+
+
+def test_runs_of_one_name_from_two_runs_dirs_get_distinct_labels(tmp_path: Path) -> None:
+    """Both were labelled ``rmsnorm [tiny-rmsnorm/version_0]``: the folder that differs sits above the run."""
+    for runs_dir in ("runs-a", "runs-b"):
+        _write_run(tmp_path / runs_dir / "tiny-rmsnorm" / "version_0", "rmsnorm", {}, 2, val=False, stability=False,
+                   close=True)  # fmt: skip
+    _write_run(tmp_path / "runs-a" / "tiny-bhyt" / "version_0", "bhyt", {}, 2, val=False, stability=False, close=True)
+    runs = load_runs([tmp_path / "runs-a" / "tiny-rmsnorm", tmp_path / "runs-b" / "tiny-rmsnorm",
+                      tmp_path / "runs-a" / "tiny-bhyt"])  # fmt: skip
+    assert [r.label for r in runs] == [
+        "rmsnorm [runs-a/tiny-rmsnorm/version_0]", "rmsnorm [runs-b/tiny-rmsnorm/version_0]", "bhyt"
+    ]  # fmt: skip
+    same = load_runs([tmp_path / "runs-a" / "tiny-bhyt"] * 2)  # one run given twice: its whole path, twice
+    assert [r.label for r in same] == [f"bhyt [{tmp_path / 'runs-a' / 'tiny-bhyt' / 'version_0'}]"] * 2
+
+
+def test_a_flat_profile_is_drawn_with_its_values_not_an_offset(tmp_path: Path) -> None:
+    """Attention entropy of 4.5582-4.5584 nats was drawn as "+4.558" with ticks from 0.000175 to 0.000425."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from bhyt_pl.compare import RunData
+
+    run = RunData(label="bhyt", source=str(tmp_path), train_loss=[(1, 5.0)])
+    run.profiles["stability/attn_entropy"] = (10, [4.5583, 4.5584, 4.5583, 4.5582])
+    figure = compare_figure([run])
+    FigureCanvasAgg(figure).draw()
+    entropy = figure.axes[5]
+    assert entropy.yaxis.get_offset_text().get_text() == ""
+    labels = [t.get_text() for t in entropy.get_yticklabels() if t.get_text()]
+    assert labels and all(float(label.replace("\u2212", "-")) > 4.5 for label in labels), labels

@@ -363,3 +363,25 @@ def test_hf_key_map_refuses_query_key_norms_naming_the_value() -> None:
 
     with pytest.raises(ValueError, match=r"qk_norm='full' does not map onto Hugging Face Llama .* use qk_norm=False"):
         hf_key_map(_config(qk_norm="full"))
+
+
+@pytest.mark.parametrize("norm", ["rmsnorm", "dyt"])  # save_pretrained's path and save_file's
+def test_exported_files_have_the_mode_the_umask_gives(norm: str, tmp_path: Path) -> None:
+    """``model.safetensors`` was 0600 (safetensors writes through ``mkstemp``), unreadable to other users of a
+    shared machine; a user's own file in ``--out`` keeps its mode."""
+    import os
+
+    from bhyt_pl.convert import save_hf
+
+    out = tmp_path / "hf"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    (out / "notes.txt").chmod(0o600)
+    old = os.umask(0o027)
+    try:
+        save_hf(Llama(_config(norm, vocab_size=8192)), out, tokenizer="embedded")
+    finally:
+        os.umask(old)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()}
+    assert modes.pop("notes.txt") == 0o600
+    assert "model.safetensors" in modes and set(modes.values()) == {0o640}, modes  # 0o666 & ~0o027

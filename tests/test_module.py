@@ -100,10 +100,8 @@ def test_ngpt_recipe_and_post_step_weight_constraint(caplog) -> None:
     renormalises every matrix along d after each optimizer step."""
     import logging
 
-    with caplog.at_level(logging.INFO):
-        lm = LlamaLM(overrides=TINY_OVERRIDES, norm="ngpt", lr=1e-2)
+    lm = LlamaLM(overrides=TINY_OVERRIDES, norm="ngpt", lr=1e-2)
     assert (lm.hparams.weight_decay, lm.hparams.warmup_steps) == (0.0, 0)
-    assert "norm 'ngpt': weight_decay=0.0, warmup_steps=0 from its recipe" in caplog.text
     mine = LlamaLM(overrides=TINY_OVERRIDES, norm="ngpt", weight_decay=0.05, warmup_steps=3)
     assert (mine.hparams.weight_decay, mine.hparams.warmup_steps) == (0.05, 3)
     ratio = LlamaLM(overrides=TINY_OVERRIDES, norm="ngpt", warmup_ratio=0.2)  # the recipe's warmup_steps=0 would win
@@ -111,7 +109,12 @@ def test_ngpt_recipe_and_post_step_weight_constraint(caplog) -> None:
     plain = LlamaLM(overrides=TINY_OVERRIDES)
     assert (plain.hparams.weight_decay, plain.hparams.warmup_ratio, plain.hparams.warmup_steps) == (0.1, 0.05, None)
     trainer = quiet_trainer(max_steps=2)
-    trainer.fit(lm, TokenDataModule())
+    with caplog.at_level(logging.INFO):
+        trainer.fit(lm, TokenDataModule())
+    # one line at the fit: each setting, and where it came from
+    expected = ("LlamaLM: training settings weight_decay=0.0 (norm ngpt), warmup_ratio=0.05 (LlamaLM default; "
+                "warmup_steps wins), warmup_steps=0 (norm ngpt)")  # fmt: skip
+    assert [r.getMessage() for r in caplog.records if "training settings" in r.getMessage()] == [expected]
     assert trainer.optimizers[0].param_groups[0]["weight_decay"] == 0.0
     for w, dim in lm.model.width_matrices():
         torch.testing.assert_close(w.detach().norm(dim=dim), torch.ones(w.shape[dim - 1]))
@@ -131,8 +134,7 @@ def test_subclass_with_auxiliary_loss_trains() -> None:
     lm = ZLossLM(overrides=TINY_OVERRIDES, norm="bhyt", lr=1e-2, warmup_steps=0)
     trainer = quiet_trainer(max_steps=12, limit_val_batches=2, val_check_interval=12)
     data = TokenDataModule()
-    lm.configure_model()
-    before = trainer.validate(lm, data, verbose=False)[0]["val/loss"]
+    before = trainer.validate(lm, data, verbose=False)[0]["val/loss"]  # builds the model, T from the data module
     trainer = quiet_trainer(max_steps=12)
     trainer.fit(lm, data)
     assert "train/z_loss" in trainer.callback_metrics
@@ -147,7 +149,7 @@ def test_checkpoint_loads_back_with_one_call(tmp_path) -> None:
     trainer.fit(lm, TokenDataModule())
     loaded = load_model(tmp_path / "last.ckpt")
     assert loaded.config == lm.config and loaded.tokenizer == "embedded"
-    assert loaded.config.norm_args == {"lambda_attn": 1.5}
+    assert loaded.config.norm_args == {"lambda_attn": 1.5, "seq_len": 32}  # T bound from the data module
     idx = torch.randint(0, 64, (1, 16))
     lm.model.refresh_norm_constants()
     with torch.no_grad():
@@ -244,3 +246,108 @@ def test_compile_option_compiles_each_block_and_trains_like_eager() -> None:
     assert compiled == pytest.approx(eager, abs=1e-4)
     assert all(layer._compiled_call_impl is not None for layer in lm.model.layers)
     assert not any("_orig_mod" in k for k in lm.state_dict())
+
+
+# ----------------------------------------------------------------------------- plain Lightning, no CLI
+class _Subclass(LlamaLM):
+    """A user's subclass (the path the model card promises), trained with a plain ``Trainer`` and its default
+    logger, which merges the module's and the data module's hyperparameters."""
+
+
+def test_plain_lightning_takes_the_run_facts_from_the_data_module(tmp_path) -> None:
+    """It raised "Error while merging hparams: the keys ['seq_len', 'tokenizer'] ... have different values" (None
+    against 32), after warning that BHyT had no seq_len; hiding that error would have left T at 1024."""
+    from lightning.pytorch.core.saving import load_hparams_from_yaml
+
+    from bhyt_pl.data import C4DataModule
+    from bhyt_pl.norms.bhyt import UNBOUND_SEQ_LEN
+
+    model = _Subclass(preset="tiny", norm="bhyt", overrides={"n_layers": 1})
+    data = C4DataModule(data_files="embedded", tokenizer="embedded", seq_len=32, batch_size=2)
+    trainer = L.Trainer(max_steps=2, accelerator="cpu", limit_val_batches=1, default_root_dir=tmp_path,
+                        enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+    trainer.fit(model, data)
+    assert UNBOUND_SEQ_LEN != 32
+    assert model.config.norm_args["seq_len"] == 32 and all(layer.norms.seq_len == 32 for layer in model.model.layers)
+    assert (model.hparams.seq_len, model.hparams.tokenizer) == (32, "embedded")
+    assert model.hparams.run_facts == {"seq_len": 32, "batch_size": 2}
+    logged = load_hparams_from_yaml(tmp_path / "lightning_logs" / "version_0" / "hparams.yaml")
+    assert logged["norm_args"] == {"seq_len": 32} and logged["seq_len"] == 32
+    (path,) = (tmp_path / "lightning_logs" / "version_0" / "checkpoints").glob("*.ckpt")
+    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    assert checkpoint["bhyt_pl"]["model_config"]["norm_args"]["seq_len"] == 32  # the checkpoint carries T
+    assert checkpoint["hyper_parameters"]["seq_len"] == 32 and load_model(path).tokenizer == "embedded"
+    assert "val/loss" in trainer.callback_metrics  # a 2-step run validated at its last step
+
+
+def test_a_seq_len_or_tokenizer_that_differs_from_the_data_modules_is_one_error() -> None:
+    for kwargs, message in (
+        ({"seq_len": 48}, "LlamaLM has seq_len=48, the data module seq_len=32"),
+        ({"tokenizer": "meta-llama/Llama-3.2-1B"},
+         "LlamaLM has tokenizer='meta-llama/Llama-3.2-1B', the data module tokenizer='embedded'"),
+    ):  # fmt: skip
+        model = LlamaLM(overrides=TINY_OVERRIDES, norm="bhyt", **kwargs)
+        with pytest.raises(ValueError, match=message) as err:
+            quiet_trainer(max_steps=1).fit(model, TokenDataModule(seq_len=32))
+        assert "\n" not in str(err.value) and "leave them unset" in str(err.value)
+        assert model.model is None  # before any work
+    agreeing = LlamaLM(overrides=TINY_OVERRIDES, norm="bhyt", seq_len=32, tokenizer="embedded")
+    quiet_trainer(max_steps=1).fit(agreeing, TokenDataModule(seq_len=32))
+    assert agreeing.config.norm_args["seq_len"] == 32
+
+
+def test_a_model_built_before_it_knew_the_facts_refuses_a_data_module_that_changes_it() -> None:
+    """Built unbound (T = 1024, with a warning), it would have trained on 32-token windows with the wrong T."""
+    model = LlamaLM(overrides=TINY_OVERRIDES, norm="bhyt")
+    with pytest.warns(UserWarning, match=r"needs the run fact\(s\) \['seq_len'\]"):
+        model.configure_model()
+    with pytest.raises(ValueError, match=r"built before it knew this run's facts .* from \{\} to \{'seq_len': 32\}"):
+        quiet_trainer(max_steps=1).fit(model, TokenDataModule(seq_len=32))
+    plain = LlamaLM(overrides=TINY_OVERRIDES)  # rmsnorm declares no fact: nothing changes, nothing to refuse
+    plain.configure_model()
+    quiet_trainer(max_steps=1).fit(plain, TokenDataModule(seq_len=32))
+    assert plain.hparams.seq_len == 32
+
+
+def test_plain_loaders_bind_nothing_and_bind_run_facts_binds_by_hand() -> None:
+    data = TokenDataModule(seq_len=32)
+    model = LlamaLM(overrides=TINY_OVERRIDES, norm="bhyt")
+    model.bind_run_facts(data.run_facts(), "embedded")
+    quiet_trainer(max_steps=1, limit_val_batches=0).fit(model, data.train_dataloader())
+    assert model.config.norm_args["seq_len"] == 32 and model.hparams.tokenizer == "embedded"
+
+
+def test_subclasses_with_their_own_training_step_and_optimizer_train_in_plain_lightning() -> None:
+    """The README's two subclasses in small: a training step of one's own (its extra term logged, validation
+    unchanged) and an optimizer and schedule of one's own (used as returned, norm parameters still undecayed)."""
+    from bhyt_pl.optim import parameter_groups
+
+    class ZLossLM(LlamaLM):
+        def training_step(self, batch, batch_idx):
+            logits = self(batch["input_ids"])
+            ce = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=-100)
+            z_loss = torch.logsumexp(logits.float(), dim=-1).pow(2).mean()
+            self.log_dict({"train/loss": ce, "train/z_loss": z_loss})
+            return ce + 1e-4 * z_loss
+
+    class OneCycleLM(LlamaLM):
+        def configure_optimizers(self):
+            optimizer = torch.optim.AdamW(parameter_groups(self.model, self.hparams.weight_decay), lr=self.hparams.lr)
+            total = int(self.trainer.estimated_stepping_batches)
+            scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=self.hparams.lr, total_steps=total)
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    z = ZLossLM(overrides=TINY_OVERRIDES, norm="bhyt", lr=1e-2)
+    trainer = quiet_trainer(max_steps=4, limit_val_batches=1)
+    trainer.fit(z, TokenDataModule())
+    assert {"train/z_loss", "train/loss", "val/loss"} <= set(trainer.callback_metrics)
+    assert z.config.norm_args["seq_len"] == 32  # T from the data module, as for LlamaLM itself
+    one_cycle = OneCycleLM(overrides=TINY_OVERRIDES, norm="dyt", lr=1e-2)
+    trainer = quiet_trainer(max_steps=4, limit_val_batches=0)
+    trainer.fit(one_cycle, TokenDataModule())
+    (scheduler,) = trainer.lr_scheduler_configs
+    assert isinstance(scheduler.scheduler, torch.optim.lr_scheduler.OneCycleLR) and scheduler.scheduler.total_steps == 4
+    decay, no_decay = trainer.optimizers[0].param_groups
+    assert (decay["weight_decay"], no_decay["weight_decay"]) == (0.1, 0.0)
+    alphas = [p for p in no_decay["params"] if p.numel() == 1]  # DyT's alpha per site
+    assert all(p.ndim < 2 for p in no_decay["params"]) and alphas

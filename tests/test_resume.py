@@ -189,6 +189,31 @@ def test_a_resume_spelling_out_the_default_norm_args_is_accepted(trained: Path, 
     assert cli.trainer.global_step == 13
 
 
+OLD_RECIPE = ("--model.weight_decay", "0.1", "--model.warmup_ratio", "0.05")
+"""What the base recipes set before they left weight decay and warmup to the norm scheme, and the flags the README
+gives for resuming such a run when the resume check refuses it."""
+
+
+def test_runs_trained_with_the_old_recipe_values_still_resume(tmp_path: Path) -> None:
+    """The base recipes no longer set weight_decay 0.1 and warmup_ratio 0.05. A run of a scheme without training
+    defaults recorded exactly LlamaLM's defaults and resumes as it is; an nGPT run trained with them is refused
+    (its scheme's defaults now apply), naming the settings, and resumes with the README's flags."""
+    quiet = ("--trainer.enable_progress_bar", "false")
+    for norm in ("rmsnorm", "dyt"):
+        runs = tmp_path / norm
+        main(fit_args(runs, 3, "--model.norm", norm, *OLD_RECIPE, *quiet))
+        cli = main(fit_args(runs, 4, "--model.norm", norm, "--ckpt_path", "last", *quiet))
+        assert cli.trainer.global_step == 4
+    runs = tmp_path / "ngpt"
+    main(fit_args(runs, 3, "--model.norm", "ngpt", *OLD_RECIPE, *quiet))
+    with pytest.raises(UsageError) as err:
+        main(fit_args(runs, 4, "--model.norm", "ngpt", "--ckpt_path", "last", *quiet))
+    assert "model.weight_decay: checkpoint 0.1, this run 0.0" in str(err.value)
+    assert "model.warmup_steps: checkpoint None, this run 0" in str(err.value)
+    cli = main(fit_args(runs, 4, "--model.norm", "ngpt", "--ckpt_path", "last", *OLD_RECIPE, *quiet))
+    assert cli.trainer.global_step == 4 and cli.model.hparams.weight_decay == 0.1
+
+
 def test_fine_tuning_with_init_checkpoint_may_change_norm_args(trained: Path, tmp_path: Path) -> None:
     ckpt = trained / RUN / "version_0" / "checkpoints" / "last.ckpt"
     args = fit_args(tmp_path, 2, "--model.init_checkpoint", str(ckpt), "--model.norm_args", "{eps: 1.0e-6}")

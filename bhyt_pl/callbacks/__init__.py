@@ -1,6 +1,7 @@
 """Lightning callbacks: depth-wise activation statistics (each declared once in ``layer_stats``), stability
 (gradients, attention entropy, outliers, spikes by depth), throughput/MFU/memory, norm-constant refresh, the
-checkpoint callback that loses no work, the run's log file, and the step progress bar.
+checkpoint callback that loses no work, the run's log file, the validation pass at a fit's last step, and the
+step progress bar.
 
 The statistics and throughput callbacks work inside any LightningModule: ``locate_blocks`` finds the
 transformer blocks of bhyt_pl, transformers and litgpt models (or takes a ``blocks`` argument).
@@ -12,6 +13,7 @@ from bhyt_pl.callbacks.attention_entropy import causal_attention_entropy
 from bhyt_pl.callbacks.blocks import LocatedBlocks, QKProjections, locate_blocks
 from bhyt_pl.callbacks.checkpointing import RunCheckpoint
 from bhyt_pl.callbacks.depth_stats import SITES, DepthStatsCollector, DepthStatsMonitor, depth_figures
+from bhyt_pl.callbacks.final_validation import ValidateAtLastStep, final_validation_callbacks
 from bhyt_pl.callbacks.layer_metrics import LayerMetrics, layer_key, layer_series, layer_width, split_layer_key
 from bhyt_pl.callbacks.layer_stats import LayerStatistic, Summary, register_statistic, unregister_statistic
 from bhyt_pl.callbacks.loggers import log_figures
@@ -45,12 +47,14 @@ __all__ = [
     "StabilityMonitor",
     "Summary",
     "TokenThroughputMonitor",
+    "ValidateAtLastStep",
     "batch_samples",
     "batch_tokens",
     "causal_attention_entropy",
     "default_refresh_interval",
     "depth_figures",
     "estimated_training_flops_per_token",
+    "final_validation_callbacks",
     "layer_key",
     "layer_series",
     "layer_width",

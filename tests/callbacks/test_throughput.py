@@ -45,7 +45,11 @@ def run(monkeypatch: pytest.MonkeyPatch, monitor: TokenThroughputMonitor, steps:
     counter = TickAndCount(clock)
     logger = MemoryLogger()
     lm = LlamaLM(overrides=TINY_OVERRIDES, seq_len=32, warmup_steps=0)
-    trainer = quiet_trainer(callbacks=[counter, monitor], logger=logger, max_steps=steps, log_every_n_steps=1)
+    # no validation: the scripted clock moves only at training batches, and the throughput of a validation pass
+    # (the one every fit runs at its last step) needs a clock that moves
+    trainer = quiet_trainer(
+        callbacks=[counter, monitor], logger=logger, max_steps=steps, log_every_n_steps=1, limit_val_batches=0
+    )
     trainer.fit(lm, datamodule=TokenDataModule(seq_len=32, batch_size=4))
     return trainer, lm, counter, logger
 
