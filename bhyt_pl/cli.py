@@ -337,8 +337,9 @@ class BHyTCLI(LightningCLI):
     def after_instantiate_classes(self) -> None:
         """Name the recipe file or the command line behind each optimisation setting the fit's log line lists."""
         super().after_instantiate_classes()
-        if isinstance(self.model, LlamaLM):
-            sources = self.model.training_sources
+        model = getattr(self, "model", None)  # absent when a subclass parses without building (tests, tools)
+        if isinstance(model, LlamaLM):
+            sources = model.training_sources
             found = _model_setting_sources(getattr(self, "_argv", []), [k for k, v in sources.items() if v == GIVEN])
             sources.update(found)
 
