@@ -112,7 +112,11 @@ def select(
     group: SchemeGroup, runs: Sequence[RunResult], grid: Sequence[float], limit: int, base: RunSpec
 ) -> Selection | RunSpec:
     """Steps 1-2 for one group from its finished selection runs: the ``Selection`` when it is complete, or the
-    next extension run to train (the kept rate sits at an edge and fewer than ``limit`` extensions ran)."""
+    next extension run to train (the kept rate sits at an edge and fewer than ``limit`` extensions ran). The runs
+    are kept in the group's candidate order, then by rate: the design a study records does not depend on which run
+    finished first (a process pool finishes them in any order)."""
+    order = {v.label: i for i, v in enumerate(group.candidates)}
+    runs = sorted(runs, key=lambda r: (order.get(r.spec.candidate, len(order)), r.spec.lr))
     grid_rates = {rate_key(lr) for lr in grid}
     extensions = tuple(sorted({r.spec.lr for r in runs if rate_key(r.spec.lr) not in grid_rates}, key=lambda lr: -lr))
     best = choose(runs)
