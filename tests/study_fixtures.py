@@ -136,9 +136,10 @@ def pilot_spec(group: str, seed_index: int, steps: int = 10, label: str | None =
     )
 
 
-def write_pilot(folder, ln_magnitude: Mapping[str, Sequence[float]] | None = None):
+def write_pilot(folder, ln_magnitude: Mapping[str, Sequence[float]] | None = None, **spec_fields):
     """A finished exploration's folder (``results.json`` only): the groups of ``ln_magnitude`` (default
-    ``PILOT_LN_MAGNITUDE``) each kept at ``PILOT_LR``, the one matched rate, with 3 evaluation seeds."""
+    ``PILOT_LN_MAGNITUDE``) each kept at ``PILOT_LR``, the one matched rate, with 3 evaluation seeds; ``spec_fields``
+    replace fields of every run's spec (a model small enough to train in a test)."""
     import json
     from pathlib import Path
 
@@ -146,7 +147,12 @@ def write_pilot(folder, ln_magnitude: Mapping[str, Sequence[float]] | None = Non
     from bhyt_pl.study.results import StudyRecord
 
     ln_magnitude = ln_magnitude or PILOT_LN_MAGNITUDE
-    runs = [layer_run(pilot_spec(g, i), v[i]) for g, v in ln_magnitude.items() for i in range(4)]
+    steps = spec_fields.pop("steps", 10)
+    runs = [
+        layer_run(replace(pilot_spec(g, i, steps), **spec_fields), v[i])
+        for g, v in ln_magnitude.items()
+        for i in range(4)
+    ]
     chosen = {g: [r for r in runs if r.spec.group == g and r.spec.seed_index == 0] for g in ln_magnitude}
     selections = {g: Selection(g, first[0], tuple(first)) for g, first in chosen.items()}
     design = StudyDesign(

@@ -29,12 +29,13 @@ from pathlib import Path
 import torch
 
 from bhyt_pl.study import power, runner
-from bhyt_pl.study.command import _loadavg, default_workers, prepare
+from bhyt_pl.study.command import StudySetup, _loadavg, default_workers, prepare
 from bhyt_pl.study.confirm import (
     COMMAND_PREFIX,
     KIND,
     PLAN_FILE,
     ConfirmationRecord,
+    Pilot,
     confirmation_specs,
     frozen_plan,
     load,
@@ -48,7 +49,7 @@ from bhyt_pl.study.runner import RunResult, TrainerSettings
 from bhyt_pl.study.scheduler import Scheduler, progress_line
 from bhyt_pl.validation import raise_if_problems
 
-__all__ = ["main", "parser", "report_from"]
+__all__ = ["main", "parser", "pilot_setup", "report_from"]
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,6 @@ def parser() -> argparse.ArgumentParser:
         "exploration's results.json (--pilot), freeze a power plan in OUT/plan.json and print it, train only the "
         "groups its primary family needs at the pilot's matched rate on new seeds above every pilot seed, and "
         "report one-sided tests with Holm's adjustment and the paper-level claims as intersection-union tests.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--pilot", type=Path, default=None, metavar="DIR", help="the exploration's folder (results.json)")
     p.add_argument(
@@ -142,6 +142,26 @@ def _check(args: argparse.Namespace) -> None:
     raise_if_problems("study confirm arguments", problems)
 
 
+def pilot_setup(pilot: Pilot) -> StudySetup:
+    """The pilot's data, validation batches and hardware: its command line (``meta["command"]``) parsed again by the
+    study's own parser. The model and the budget come from its runs' specs (``confirmation_specs``); a command that
+    no longer gives the data the pilot recorded (the study's defaults changed since) is a ``ValueError``."""
+    argv = shlex.split(str(pilot.record.meta["command"]))[len(shlex.split(COMMAND_PREFIX)) :]
+    try:
+        setup = prepare(argv)
+    except SystemExit as exc:  # argparse has printed why
+        raise ValueError(f"the pilot's command no longer parses: {shlex.join(argv)}") from exc
+    meta = pilot.record.meta
+    problems = [
+        f"{key} {getattr(setup.budget, key)} where the pilot recorded {meta[key]}"
+        for key in ("seq_len", "batch_size")
+        if key in meta and getattr(setup.budget, key) != meta[key]
+    ]
+    if problems:
+        raise ValueError(f"the pilot's command no longer gives its data settings: {'; '.join(problems)}")
+    return setup
+
+
 def _settings(pilot_settings: TrainerSettings, args: argparse.Namespace) -> TrainerSettings:
     devices = args.devices if args.devices is not None else pilot_settings.devices
     return replace(
@@ -174,6 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         _check(args)
         pilot = load_pilot(args.pilot)
+        setup = pilot_setup(pilot)
         out = args.out if args.out is not None else args.pilot / "confirmation"
         plan_path = out / PLAN_FILE
         if args.plan_only and not plan_path.exists():
@@ -182,9 +203,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             plan = make_confirmation_plan(pilot, rate, max_seeds, args.seeds)
         else:
             plan = frozen_plan(plan_path, pilot, args.rate, args.max_seeds, args.seeds)
-        # the pilot's data, validation batches and hardware: its command line parsed again (its runs' specs give
-        # the model and the budget, confirmation_specs)
-        setup = prepare(shlex.split(str(pilot.record.meta["command"]))[len(shlex.split(COMMAND_PREFIX)) :])
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -248,7 +266,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         meta["wall_seconds"] = round(time.perf_counter() - started, 1)
         meta["runs_reused"] = len(scheduler.reused)
         meta["loadavg_at_end"] = _loadavg()
-        if rank_zero_only.rank == 0 and results:
+        # not after a stop before the first result: that would replace a previous invocation's record with an
+        # empty one (its runs are still in runs/ and are read back next time)
+        if rank_zero_only.rank == 0 and (results or not specs):
             paths = write_report(out, record)
             log.info("confirmation finished in %.0f s; report: %s", meta["wall_seconds"], paths["report"])
     return 1 if any(r.status == "error" for r in results) else 0

@@ -128,4 +128,30 @@ def test_bad_arguments_fail_at_once_naming_each(tmp_path: Path, trained: list[st
     assert "is the pilot's folder; the confirmation writes into its own" in capsys.readouterr().err
     assert main(["confirm", "--pilot", str(pilot), "--rate", "0.01"]) == 2
     assert "--rate 0.01 is not a matched rate of the pilot; its matched rates: 0.003" in capsys.readouterr().err
+    # a pilot whose command no longer gives the data it recorded (the study's defaults changed since)
+    document = json.loads((pilot / "results.json").read_text())
+    document["meta"]["seq_len"] = 64
+    (pilot / "results.json").write_text(json.dumps(document))
+    assert main(["confirm", "--pilot", str(pilot)]) == 2
+    assert "no longer gives its data settings: seq_len 32 where the pilot recorded 64" in capsys.readouterr().err
     assert trained == [] and not (pilot / "confirmation").exists()
+
+
+@pytest.mark.slow
+def test_confirm_trains_real_runs_with_the_pilots_settings(tmp_path: Path) -> None:
+    """The real runner: each confirmation run is a pilot run's spec on a new seed (a 2-layer model, 3 steps), trained
+    with the pilot's data and validation batches; its statistics feed the verdicts (--seeds 2: 8 runs)."""
+    pilot = write_pilot(tmp_path / "pilot", steps=3, overrides={"n_layers": 2}, trajectory_every=1)
+    argv = ["confirm", "--pilot", str(pilot), "--seeds", "2", "--workers", "1", "--no-compile"]
+    assert main(argv) == 0
+    document = json.loads((pilot / "confirmation" / "results.json").read_text())
+    runs = {r["spec"]["label"]: r for r in document["runs"]}
+    assert sorted(runs) == sorted(f"{g}@lr0.003-steps3-s{i}" for g in ("bhyt", "rmsnorm", "layernorm", "peri_ln")
+                                  for i in (4, 5))  # fmt: skip
+    r = runs["bhyt@lr0.003-steps3-s5"]
+    assert r["status"] == "ok" and r["steps_done"] == 3 and r["n_layers"] == 2
+    assert (r["spec"]["seed"], r["spec"]["data_seed"], r["spec"]["overrides"]) == (47, 47, {"n_layers": 2})
+    assert [p["step"] for p in r["trajectory"]] == [0, 1, 2, 3] and len(r["trajectory"][-1]["median_magnitude"]) == 2
+    for row in document["family"]:
+        assert row["pairs"] == 2 and row["verdict"] in ("confirmed", "not confirmed")
+        assert len(row["over_training"]) == 4
