@@ -70,7 +70,7 @@ def test_candidates_read_the_pilots_evaluation_seeds_only(tmp_path: Path) -> Non
     document = json.loads((folder / "results.json").read_text())
     # a run on seed index 7 that no evaluation seed is (say, from an earlier stage): never a pilot difference, but
     # the confirmation's seeds must start above it
-    document["runs"].append(layer_run(pilot_spec("bhyt", 7), 9.0).to_dict())
+    document["runs"] += [layer_run(pilot_spec(g, 7), 9.0).to_dict() for g in ("bhyt", "rmsnorm", "lns")]
     (folder / "results.json").write_text(json.dumps(document))
     pilot = load_pilot(folder)
     found, claims, not_tested = confirm.candidates(pilot, 3e-3)
