@@ -112,7 +112,8 @@ def test_resume_retrains_only_the_missing_run(tmp_path: Path, monkeypatch: pytes
     argv = [*TINY, "--seeds", "2", "--lrs", "1e-3", "--steps", "2", "--schemes", "rmsnorm", "--out", str(out)]
     argv += ["--trajectory-every", "0", "--no-importance"]
     assert main(argv) == 0
-    (out / "runs" / "rmsnorm@lr0.001-steps2-s1" / "result.json").unlink()  # as if killed during the first evaluation seed
+    # as if killed during the first evaluation seed
+    (out / "runs" / "rmsnorm@lr0.001-steps2-s1" / "result.json").unlink()
     trained: list[str] = []
     real = runner.run_one
 
