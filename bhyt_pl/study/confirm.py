@@ -31,6 +31,7 @@ import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +88,7 @@ class Pilot:
         assert self.record.design is not None  # load_pilot refuses a sweep
         return self.record.design
 
-    @property
+    @cached_property
     def runs(self) -> StudyRuns:
         return StudyRuns(self.record.runs)
 

@@ -87,8 +87,9 @@ def test_candidates_read_the_pilots_evaluation_seeds_only(tmp_path: Path) -> Non
     )
     assert by_name["BHyT no worse than RMSNorm: val_loss"].rate is None  # the best arm: each at its best rate
     assert "BHyT < DyT: median_magnitude" in not_tested and "BHyT* < Peri-LN: variance_growth" in not_tested
-    assert [c.name for c in claims] == ["BHyT's last-layer median-token magnitude is below RMSNorm's, LayerNorm's "
-                                        "and Peri-LN's"]  # fmt: skip
+    assert [c.name for c in claims] == [
+        "BHyT's last-layer median-token magnitude is below RMSNorm's, LayerNorm's and Peri-LN's"
+    ]
     assert pilot.seed_indices == (0, 1, 2, 3, 7)
     assert confirm.make_confirmation_plan(pilot, 3e-3).first_seed_index == 8
 

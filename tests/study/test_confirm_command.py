@@ -77,8 +77,13 @@ def test_confirm_trains_the_planned_runs_and_leaves_the_pilot_alone(
     assert claim["verdict"] == "confirmed" and claim["p_intersection_union"] < 0.05
     assert {t["status"] for t in document["exploratory"]} >= {"infeasible", "exploratory"}
     text = (out / "report.md").read_text()
-    for section in ("## The primary family", "## Paper-level claims", "## The frozen plan", "## Exploratory",
-                    "## Over training (uncorrected, descriptive)"):  # fmt: skip
+    for section in (
+        "## The primary family",
+        "## Paper-level claims",
+        "## The frozen plan",
+        "## Exploratory",
+        "## Over training (uncorrected, descriptive)",
+    ):
         assert section in text, section
     assert (out / "family_over_training.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -146,8 +151,9 @@ def test_confirm_trains_real_runs_with_the_pilots_settings(tmp_path: Path) -> No
     assert main(argv) == 0
     document = json.loads((pilot / "confirmation" / "results.json").read_text())
     runs = {r["spec"]["label"]: r for r in document["runs"]}
-    assert sorted(runs) == sorted(f"{g}@lr0.003-steps3-s{i}" for g in ("bhyt", "rmsnorm", "layernorm", "peri_ln")
-                                  for i in (4, 5))  # fmt: skip
+    assert sorted(runs) == sorted(
+        f"{g}@lr0.003-steps3-s{i}" for g in ("bhyt", "rmsnorm", "layernorm", "peri_ln") for i in (4, 5)
+    )
     r = runs["bhyt@lr0.003-steps3-s5"]
     assert r["status"] == "ok" and r["steps_done"] == 3 and r["n_layers"] == 2
     assert (r["spec"]["seed"], r["spec"]["data_seed"], r["spec"]["overrides"]) == (47, 47, {"n_layers": 2})

@@ -28,9 +28,28 @@ T_975_2, T_95_2 = 4.302652729911275, 2.919985580355516  # Student's t quantiles 
 
 def _result(statistic: str, values: list[float]) -> FamilyResult:
     planned = power.PlannedTest(
-        f"A < B: {statistic}", "a", "b", statistic, "lower", 0.0, 3e-3, 3, -1.0, 0.1, -1.1, -0.9, 0.9, 0.2, 0.05, 3,
-        3, power.PRIMARY, "", 3, 0.9,
-    )  # fmt: skip
+        f"A < B: {statistic}",
+        "a",
+        "b",
+        statistic,
+        "lower",
+        0.0,
+        3e-3,
+        3,
+        -1.0,
+        0.1,
+        -1.1,
+        -0.9,
+        0.9,
+        0.2,
+        0.05,
+        3,
+        3,
+        power.PRIMARY,
+        "",
+        3,
+        0.9,
+    )
     d = stats.interval(values)
     p = confirm.p_value(d, "lower")
     return FamilyResult(planned, (), (), d, stats.interval(values, 0.90), p, p, stats.CONFIRMED)
@@ -58,8 +77,10 @@ def test_groups_are_geometric_means_over_the_confirmations_seeds_only(tmp_path: 
     # BHyT's last layer over seeds 4-8 spread over a factor of 10 (as LNS's is in the committed pilot), where an
     # arithmetic interval of 5 seeds reaches below 0
     magnitudes = {4: 30.0, 5: 3.0, 6: 300.0, 7: 10.0, 8: 5.0}
-    runs = [layer_run(s, math.log(magnitudes[s.seed_index]) if s.group == "bhyt" else 2.0)
-            for s in confirm.confirmation_specs(plan, pilot)]  # fmt: skip
+    runs = [
+        layer_run(s, math.log(magnitudes[s.seed_index]) if s.group == "bhyt" else 2.0)
+        for s in confirm.confirmation_specs(plan, pilot)
+    ]
     runs += [layer_run(pilot_spec("bhyt", i), 9.0) for i in (1, 2, 3)]  # pilot seeds: never in a confirmation table
     assert stats.interval(list(magnitudes.values())).low < 0
     geometric = stats.geometric_mean(list(magnitudes.values()))
