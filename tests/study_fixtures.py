@@ -89,3 +89,89 @@ def synthetic_set() -> tuple[list[RunResult], StudyDesign]:
         results.append(synthetic("a", 1e-2, i, [1.0, 1.0, 1.0, b * math.exp(0.5 + offset / 2)], 3.5))
         results.append(synthetic("a", 1e-3, i, [1.0, 1.0, 1.0, 1.0], 2.9 + offset + 0.01 * i))
     return results, kept_design({"a": 1e-3, "b": 3e-3}, (3e-3, 1e-2))
+
+
+# ----------------------------------------------------------------------------- a synthetic pilot (the confirmation)
+PILOT_ROLES = {"BHyT": "bhyt", "RMSNorm": "rmsnorm", "LayerNorm": "layernorm", "LNS": "lns", "Peri-LN": "peri_ln"}
+PILOT_LR = 3e-3
+PILOT_LN_MAGNITUDE = {
+    # ln of the last-layer magnitude on seed indices 0 (selection), 1, 2, 3; layers 1-3 are 1, so every summary
+    # follows: the median token is half of it, the variance its square, the growth ln(last / layer 1) its ln
+    "rmsnorm": (2.0, 2.0, 2.0, 2.0),
+    "layernorm": (1.8, 1.8, 1.8, 1.8),
+    "peri_ln": (1.5, 1.5, 1.5, 1.5),
+    "lns": (0.5, 0.2, 1.0, 0.1),
+    "bhyt": (0.6, 0.6, 0.5, 0.7),
+}
+"""BHyT - RMSNorm in ln magnitude: -1.4, -1.5, -1.3 (clear); - LayerNorm: -1.2, -1.3, -1.1; - Peri-LN: -0.9, -1.0,
+-0.8; - LNS: +0.4, -0.5, +0.6 (its 80 % interval crosses 0: infeasible)."""
+PILOT_COMMAND = (
+    "python -m bhyt_pl study --quick --layers 4 --steps 10 --seq-len 32 --batch-size 2 --val-batches 4 "
+    "--shuffle-buffer 4 --no-compile --workers 1 --schemes rmsnorm layernorm lns peri_ln bhyt --lrs 3e-3 "
+    "--matched-lrs 3e-3 --seeds 3 --out pilot"
+)
+
+
+def layer_run(spec: RunSpec, ln_magnitude: float, loss: float = 5.0) -> RunResult:
+    """A finished run of 4 layers whose last-layer magnitude is ``exp(ln_magnitude)`` (the others 1)."""
+    return fake_result(spec, loss, [1.0, 1.0, 1.0, math.exp(ln_magnitude)])
+
+
+def pilot_spec(group: str, seed_index: int, steps: int = 10, label: str | None = None) -> RunSpec:
+    """A pilot run's spec as ``python -m bhyt_pl study`` writes it (``--trajectory-every`` 5, seed 42 + index)."""
+    from bhyt_pl.study.plan import run_label
+
+    return replace(
+        BASE,
+        label=label or run_label(group, PILOT_LR, steps, seed_index),
+        norm=group,
+        group=group,
+        candidate=group,
+        lr=PILOT_LR,
+        steps=steps,
+        seed=42 + seed_index,
+        data_seed=42 + seed_index,
+        seed_index=seed_index,
+        trajectory_every=5,
+    )
+
+
+def write_pilot(folder, ln_magnitude: Mapping[str, Sequence[float]] | None = None, **spec_fields):
+    """A finished exploration's folder (``results.json`` only): the groups of ``ln_magnitude`` (default
+    ``PILOT_LN_MAGNITUDE``) each kept at ``PILOT_LR``, the one matched rate, with 3 evaluation seeds; ``spec_fields``
+    replace fields of every run's spec (a model small enough to train in a test)."""
+    import json
+    from pathlib import Path
+
+    from bhyt_pl.study.design import parse_group
+    from bhyt_pl.study.results import StudyRecord
+
+    ln_magnitude = ln_magnitude or PILOT_LN_MAGNITUDE
+    steps = spec_fields.pop("steps", 10)
+    runs = [
+        layer_run(replace(pilot_spec(g, i, steps), **spec_fields), v[i])
+        for g, v in ln_magnitude.items()
+        for i in range(4)
+    ]
+    chosen = {g: [r for r in runs if r.spec.group == g and r.spec.seed_index == 0] for g in ln_magnitude}
+    selections = {g: Selection(g, first[0], tuple(first)) for g, first in chosen.items()}
+    design = StudyDesign(
+        tuple(parse_group(g) for g in ln_magnitude), (PILOT_LR,), 3, 0, selections, (PILOT_LR,), "given"
+    )
+    meta = {
+        "command": PILOT_COMMAND,
+        "preset": "deep-32x128",
+        "n_layers_label": "4",
+        "steps": 10,
+        "seq_len": 32,
+        "batch_size": 2,
+        "tokens_per_step": 64,
+        "tokens_per_run": 640,
+        "compile": False,
+        "roles": {role: g for role, g in PILOT_ROLES.items() if g in ln_magnitude},
+    }
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    document = StudyRecord(meta, runs, design).to_dict()
+    (folder / "results.json").write_text(json.dumps(document, indent=1, default=str))
+    return folder

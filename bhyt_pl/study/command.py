@@ -166,6 +166,8 @@ def parser() -> argparse.ArgumentParser:
         "validation loss on the selection seed, which no evaluation seed reuses) and report claims with seed-paired "
         "95% intervals, depth trajectories, stability columns, LR sensitivity and layer importance (--sweep: "
         "stability grid over depth x LR).",
+        epilog="python -m bhyt_pl study confirm --pilot DIR: the confirmation stage on a finished study's results "
+        "(python -m bhyt_pl study confirm --help; docs/method.md, section 10).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     mode = p.add_argument_group("mode")

@@ -250,8 +250,8 @@ def loss_figure(runs: StudyRuns, design: StudyDesign, title: str) -> Figure:
 
 # ----------------------------------------------------------------------------- claims over training
 def claims_figure(items: Sequence[ClaimResult]) -> Figure:
-    """Each claim's difference (mean with its 95 % interval) against training tokens, one panel per claim and
-    one line per rate; the dashed line is 0, dotted lines the margin."""
+    """Each claim's difference (mean with the interval its rule decides by: 95 %, 90 % for a TOST) against training
+    tokens, one panel per claim and one line per rate; the dashed line is 0, dotted lines the margin."""
     from matplotlib.figure import Figure
 
     panels = [c for c in items if any(t.over_training for t in c.tests)]
@@ -283,7 +283,11 @@ def claims_figure(items: Sequence[ClaimResult]) -> Figure:
     for ax in axes[len(panels) :]:
         ax.set_visible(False)
     figure.supxlabel("training tokens")
-    figure.suptitle("claims over training: target - baseline, mean and 95% CI over evaluation seeds", fontsize=10)
+    figure.suptitle(
+        "claims over training: target - baseline, mean and 95% CI (90% for ~) over evaluation seeds; uncorrected, "
+        "descriptive",
+        fontsize=10,
+    )
     return figure
 
 

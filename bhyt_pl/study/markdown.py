@@ -18,9 +18,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from bhyt_pl.study.stats import Interval
+from bhyt_pl.study.stats import GeometricMean, Interval
 
-__all__ = ["Column", "ci", "markdown_table", "num", "short_ci", "table"]
+__all__ = ["Column", "ci", "geometric_ci", "markdown_table", "num", "short_ci", "table"]
 
 Row = TypeVar("Row")
 
@@ -82,6 +82,17 @@ def ci(iv: Interval, digits: int = 3) -> str:
         return f"{num(iv.mean, digits)} (n={iv.n})"
     spread = f"({num(iv.minimum, digits)}-{num(iv.maximum, digits)})"
     return f"{num(iv.mean, digits)} [{num(iv.low, digits)}, {num(iv.high, digits)}] {spread}"
+
+
+def geometric_ci(g: GeometricMean, digits: int = 3) -> str:
+    """``geometric mean [low, high] (min-max)`` of a positive quantity over seeds, the interval back-transformed
+    from the ln scale (so never below 0); ``mean (n=1)`` without an interval, ``n/a`` without values."""
+    if g.n == 0:
+        return "n/a"
+    if not g.defined:
+        return f"{num(g.mean, digits)} (n={g.n})"
+    spread = f"({num(g.minimum, digits)}-{num(g.maximum, digits)})"
+    return f"{num(g.mean, digits)} [{num(g.low, digits)}, {num(g.high, digits)}] {spread}"
 
 
 def short_ci(iv: Interval) -> str:

@@ -33,6 +33,7 @@ __all__ = [
     "evaluation_seeds",
     "evaluation_specs",
     "extension_lr",
+    "legacy_label",
     "run_label",
     "select",
     "selection_specs",
@@ -43,9 +44,18 @@ SELECTION_SEED = 0
 """Seed index of the selection runs; evaluation seeds are ``1 .. n`` (``evaluation_seeds``)."""
 
 
-def run_label(variant: Variant, lr: float, seed_index: int) -> str:
-    """``<candidate>@lr<lr>-s<seed index>``: unique within a study and stable across re-runs (resume)."""
-    return f"{variant.label}@lr{lr:g}-s{seed_index}"
+def run_label(candidate: str, lr: float, steps: int, seed_index: int) -> str:
+    """``<candidate>@lr<lr>-steps<steps>-s<seed index>``: unique within a study folder and stable across re-runs
+    (resume). The step count is part of it, so a longer run of the same candidate, rate and seed (540 steps
+    beside 180) is a run of its own and never overwrites the shorter one's folder."""
+    return f"{candidate}@lr{lr:g}-steps{steps}-s{seed_index}"
+
+
+def legacy_label(spec: RunSpec) -> str:
+    """The label ``spec`` had before labels carried the step count (``<candidate>@lr<lr>-s<seed index>``, the
+    sweep's ``<candidate>@L<depth>-lr<lr>-s<seed index>``): what a study folder made then names its run."""
+    head, sep, tail = spec.label.rpartition(f"-steps{spec.steps}-s")
+    return f"{head}-s{tail}" if sep else spec.label
 
 
 def _spec(
@@ -57,7 +67,7 @@ def _spec(
         base,
         stability_every=base.stability_every if reported else 0,
         importance=base.importance and reported,
-        label=run_label(variant, lr, seed_index),
+        label=run_label(variant.label, lr, base.steps, seed_index),
         group=group.label,
         candidate=variant.label,
         seed_index=seed_index,
@@ -181,7 +191,7 @@ def sweep_specs(
     groups: Sequence[SchemeGroup], depths: Sequence[int], lrs: Sequence[float], n_seeds: int, base: RunSpec
 ) -> list[RunSpec]:
     """The stability sweep: every (candidate, depth, learning rate, seed), labelled
-    ``<candidate>@L<depth>-lr<lr>-s<seed>``; ordered by depth, then learning rate, then seed, then scheme,
+    ``<candidate>@L<depth>-lr<lr>-steps<steps>-s<seed>``; ordered by depth, then learning rate, then seed, then scheme,
     so an interrupted sweep has compared every scheme at the shallow end."""
     specs = []
     for depth in depths:
@@ -193,7 +203,7 @@ def sweep_specs(
                         specs.append(
                             replace(
                                 spec,
-                                label=f"{v.label}@L{depth}-lr{lr:g}-s{seed_index}",
+                                label=f"{v.label}@L{depth}-lr{lr:g}-steps{base.steps}-s{seed_index}",
                                 overrides={**base.overrides, "n_layers": int(depth)},
                             )
                         )

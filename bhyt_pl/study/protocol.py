@@ -3,19 +3,75 @@ collect the results, whichever launcher trains them.
 
 - ``run_depth_study``: protocol v3 (``bhyt_pl.study.plan``), which plans as it goes: a group's grid extension
   once its selection runs are in, its evaluation seeds once it is selected, the matched arm once every group is;
-- ``run_all``: a fixed list of runs (the stability sweep; a later stage's own run list).
+- ``run_all``: a fixed list of runs (the stability sweep; the confirmation's run list).
+
+Both hand every run to the scheduler through ``submit``, which first gives a run folder made before run labels
+carried the step count its current name (``adopt_legacy_run``), so a folder of such runs is reused, not retrained.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import json
+import logging
+import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, replace
+from pathlib import Path
 
 from bhyt_pl.study.design import StudyDesign, check_disjoint
-from bhyt_pl.study.plan import default_matched_lrs, evaluation_specs, select, selection_specs
-from bhyt_pl.study.runner import RunResult, RunSpec
+from bhyt_pl.study.plan import default_matched_lrs, evaluation_specs, legacy_label, select, selection_specs
+from bhyt_pl.study.runner import RunResult, RunSpec, run_dirname
 from bhyt_pl.study.scheduler import Scheduler
 
-__all__ = ["run_all", "run_depth_study"]
+__all__ = ["adopt_legacy_run", "run_all", "run_depth_study", "submit"]
+
+log = logging.getLogger(__name__)
+
+
+def adopt_legacy_run(out: Path, spec: RunSpec) -> bool:
+    """Rename the folder of ``spec``'s run when a study made it under its label without the step count
+    (``plan.legacy_label``): ``out/runs/<old>/`` becomes ``out/runs/<new>/`` and its ``result.json`` takes the new
+    label, so the scheduler reuses it as it reuses any finished run. Only a folder whose stored spec is ``spec``
+    in every field but the label is renamed (never another run's, nor one with other settings), and never over a
+    folder of the new name. Returns whether it renamed one."""
+    old = legacy_label(spec)
+    runs = out / "runs"
+    old_dir, new_dir = runs / run_dirname(old), runs / run_dirname(spec.label)
+    if old == spec.label or new_dir.exists() or not (old_dir / "result.json").is_file():
+        return False
+    try:
+        stored = json.loads((old_dir / "result.json").read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(stored, dict) or stored.get("spec") != json.loads(
+        json.dumps(asdict(replace(spec, label=old)), default=str)
+    ):
+        return False
+    old_dir.rename(new_dir)
+    stored["spec"]["label"] = spec.label
+    old_logs = str(Path("runs") / run_dirname(old))
+    if isinstance(stored.get("log_dir"), str) and stored["log_dir"].startswith(old_logs):
+        stored["log_dir"] = str(Path("runs") / run_dirname(spec.label)) + stored["log_dir"][len(old_logs) :]
+    tmp = new_dir / f".result.json.{os.getpid()}.tmp"  # whole or absent: a stop here leaves the old result.json
+    tmp.write_text(json.dumps(stored, indent=1, default=str))
+    os.replace(tmp, new_dir / "result.json")
+    return True
+
+
+def submit(scheduler: Scheduler, specs: Iterable[RunSpec]) -> list[RunSpec]:
+    """``scheduler.submit(specs)``, after renaming the folders of those runs made under their legacy labels (when
+    the scheduler resumes; ``--restart`` retrains every run anyway)."""
+    specs = list(specs)
+    if scheduler.resume:
+        adopted = [spec.label for spec in specs if adopt_legacy_run(scheduler.out, spec)]
+        if adopted:
+            log.info(
+                "study: %d run folder(s) made before run labels carried the step count renamed to their labels "
+                "(e.g. %s) and reused",
+                len(adopted),
+                adopted[0],
+            )
+    return scheduler.submit(specs)
 
 
 def _ignore(result: RunResult) -> None:
@@ -27,7 +83,7 @@ def run_all(
 ) -> list[RunResult]:
     """Train every spec once (finished ones are read back), calling ``on_result`` as each finishes; returns the
     results in the order of ``specs``."""
-    scheduler.submit(specs)
+    submit(scheduler, specs)
     by_label: dict[str, RunResult] = {}
     for result in scheduler.finished():
         by_label[result.spec.label] = result
@@ -54,7 +110,7 @@ def run_depth_study(
     by_label: dict[str, RunResult] = {}
 
     for g in groups:
-        pending[g.label] = {s.label for s in scheduler.submit(selection_specs(g, lrs, base))}
+        pending[g.label] = {s.label for s in submit(scheduler, selection_specs(g, lrs, base))}
     for result in scheduler.finished():
         by_label[result.spec.label] = result
         on_result(result)
@@ -67,10 +123,10 @@ def run_depth_study(
             continue
         step = select(design.group(group), selection_runs[group], lrs, design.extensions, base)
         if isinstance(step, RunSpec):  # the best rate sits at an edge: one more grid step for its candidate
-            pending[group] = {s.label for s in scheduler.submit([step])}
+            pending[group] = {s.label for s in submit(scheduler, [step])}
             continue
         design.selections[group] = step
-        scheduler.submit(evaluation_specs(design.group(group), step, (), design.n_seeds, base))
+        submit(scheduler, evaluation_specs(design.group(group), step, (), design.n_seeds, base))
         if design.complete:  # every group selected: the matched arm
             ordered = [design.selections[g.label] for g in groups]
             if matched_lrs is not None:
@@ -84,7 +140,7 @@ def run_depth_study(
                 )
             for g in groups:
                 specs = evaluation_specs(g, design.selections[g.label], design.matched_lrs, design.n_seeds, base)
-                scheduler.submit(specs)
+                submit(scheduler, specs)
     group_order = {g.label: i for i, g in enumerate(groups)}
     return sorted(
         by_label.values(),

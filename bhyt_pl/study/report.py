@@ -238,7 +238,8 @@ def write_report(out: Path, record: StudyRecord, figures: bool = True, save: boo
         "only when it holds at every rate, else it reads *depends on the learning rate*. Rules: *lower*: 95% CI "
         "< 0; *no worse*: upper 95% bound < +margin; *~*: TOST, 90% CI within +-margin; *not reproduced*: the "
         "95% interval on the other side (of 0, or wholly outside the margin). Holm-adjusted: the same rules on "
-        "Holm step-down p-values over every (claim, rate) test of the family (family-wise error 5%).",
+        "Holm step-down p-values over every (claim, rate) test of the family (family-wise error 5%). The "
+        "difference column quotes the interval the rule decides by: 95%, 90% for a ~ (TOST) row.",
         *margins_lines(items),
         "",
         summary_table(items, design),
@@ -254,11 +255,19 @@ def write_report(out: Path, record: StudyRecord, figures: bool = True, save: boo
         "",
         detail_table(items),
         "",
+        "Plug-in seeds: how many seeds would make this test's deciding interval exclude its bound if the mean and "
+        "the SD stayed as measured, for this test alone at its own level. With the measured mean just reaching "
+        "the bound, that is about 50 % power, and it ignores the Holm adjustment beside it; the confirmation's "
+        "power plan (`python -m bhyt_pl study confirm`, docs/method.md, section 10) gives counts at 80 % power "
+        "for a family.",
+        "",
         "## Claims over training",
         "",
         "Every test again at each trajectory point (validation loss and depth statistics on the same fixed "
         "batches): one letter per point, R reproduced, N not reproduced, . inconclusive (step 0 is the "
-        "initialisation).",
+        "initialisation); intervals 95%, 90% for a ~ (TOST) row. These verdicts are uncorrected and descriptive: "
+        "they are not adjusted for the number of points or tests, they show how an effect evolves, and no claim "
+        "is decided by them.",
         "",
         training_table(items),
         "",
@@ -279,13 +288,16 @@ def write_report(out: Path, record: StudyRecord, figures: bool = True, save: boo
         "",
         "Last layer: the last block's output on the fixed validation batches in eval mode at the end; mean-token "
         "magnitude: mean over tokens of ||y_t||; median token: median over tokens (position 0 excluded); per "
-        "coordinate: the mean-token magnitude / sqrt(d), the scale to set beside a wider model's numbers.",
+        "coordinate: the mean-token magnitude / sqrt(d), the scale to set beside a wider model's numbers. "
+        "Magnitudes and variances: geometric mean over the evaluation seeds [95% CI back-transformed from the ln "
+        "scale the claims test] (min-max), so no interval goes below 0; growth: mean of the per-seed ln ratios.",
         "",
         matched_table(runs, design),
         "",
         "## Schemes at their best learning rate",
         "",
-        "mean [95% t-interval] (min-max) over evaluation seeds; diverged runs are left out of the means. "
+        "mean [95% t-interval] (min-max) over evaluation seeds, magnitudes and variances as geometric means "
+        "(interval back-transformed from the ln scale); diverged runs are left out of the means. "
         "w/o top-2 channels: the two channels with the largest mean |y| dropped. Spikes, layer of max grad norm "
         "(1-based, per seed) and attention entropy (nats) from StabilityMonitor on the training batch at its "
         "last logging step.",
@@ -313,7 +325,7 @@ def write_report(out: Path, record: StudyRecord, figures: bool = True, save: boo
         "Moment ratio: site B's approximated second moment over the exact one (1 = exact; below 1 the "
         "approximation under-predicts and site B's tanh argument grows), mean over layers, positions and seeds at "
         "the group's best rate; n/a where site B is exact. Last-layer ratios to the exact-statistics group: "
-        "seed-paired, at each matched rate.",
+        "the geometric mean of the per-seed ratios, at each matched rate.",
         "",
         approximation_table(runs, design, roles.get("BHyT*")),
         "",

@@ -58,6 +58,11 @@ class StudyRecord:
         for key in ("meta", "runs"):
             if key not in data:
                 raise ValueError(f"results.json has no {key!r}: not a study's record (keys: {sorted(data)})")
+        if "plan" in data:  # bhyt_pl.study.confirm's record: runs of a frozen plan, not a design or a sweep
+            raise ValueError(
+                "results.json is a confirmation's record; rebuild its report with "
+                "python -m bhyt_pl study confirm --report-from DIR"
+            )
         meta = dict(data["meta"])
         runs = [RunResult.from_dict(r) for r in data["runs"]]
         design = None

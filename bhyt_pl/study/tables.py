@@ -3,7 +3,9 @@
 Seed aggregation and verdicts come from ``bhyt_pl.study.stats``; the claims are evaluated in
 ``bhyt_pl.study.claims``. The per-scheme tables take one column per summary of every registered per-layer statistic
 (``bhyt_pl.callbacks.layer_stats``): a statistic declared there shows here without an edit. A cell is the mean
-[95% t-interval] (min-max) over the evaluation seeds; diverged and failed runs are left out of it.
+[95% t-interval] (min-max) over the evaluation seeds, on the scale the claims test: a statistic compared as an ln
+ratio (a magnitude, a variance) is a geometric mean with its interval back-transformed from the ln scale, so no
+interval on a positive quantity goes below 0; diverged and failed runs are left out of it.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from bhyt_pl.callbacks.layer_stats import ByScheme
 from bhyt_pl.study import stats
 from bhyt_pl.study.claims import ClaimResult, Test
 from bhyt_pl.study.design import RunKey, StudyDesign, StudyRuns, rate_key
-from bhyt_pl.study.markdown import Column, ci, markdown_table, num, short_ci, table
+from bhyt_pl.study.markdown import Column, ci, geometric_ci, markdown_table, num, short_ci, table
 from bhyt_pl.study.metrics import Metric, metric, metrics, value
 from bhyt_pl.study.plan import SELECTION_SEED
 from bhyt_pl.study.runner import RunResult
@@ -33,10 +35,12 @@ __all__ = [
     "approximation_table",
     "bound_table",
     "claim_name",
+    "deciding_interval",
     "design_table",
     "detail_table",
     "diverged_cell",
     "flag",
+    "geometric_column",
     "group_columns",
     "group_table",
     "growth_margin",
@@ -133,10 +137,21 @@ def seed_column(header: str, name: str, digits: int = 3) -> Column[SeedRuns]:
     return Column(header, lambda row: ci(stats.interval(per_seed(row.runs, name).values()), digits))
 
 
+def geometric_column(header: str, name: str, digits: int = 3) -> Column[SeedRuns]:
+    """The geometric mean [95% CI back-transformed from the ln scale] (min-max) of a positive ``name`` over a row's
+    seeds: the scale of its claims (ln ratios), and an interval that cannot go below 0."""
+    return Column(header, lambda row: geometric_ci(stats.geometric_mean(per_seed(row.runs, name).values()), digits))
+
+
+def _metric_column(m: Metric) -> Column[SeedRuns]:
+    """A summary's column on its comparison scale: geometric for a metric compared as an ln ratio."""
+    return geometric_column(m.summary.header, m.name) if m.log else seed_column(m.summary.header, m.name)
+
+
 def _scheme_metric_column(m: Metric) -> Column[SeedRuns]:
     """A statistic the scheme itself reports (``ByScheme``): ``-`` for a group whose runs do not record it (a scheme
     without such sites), not "n/a"."""
-    aggregated = seed_column(m.summary.header, m.name)
+    aggregated = _metric_column(m)
 
     def cell(row: SeedRuns) -> str:
         present = any(math.isfinite(run_value(r, m.name)) for r in row.ok)
@@ -166,7 +181,7 @@ def statistic_columns(section: str, claimable_only: bool = False) -> list[Column
         if claimable_only and summary.margin is None:
             continue
         is_scheme = isinstance(m.statistic.measure, ByScheme)
-        columns.append(_scheme_metric_column(m) if is_scheme else seed_column(summary.header, m.name))
+        columns.append(_scheme_metric_column(m) if is_scheme else _metric_column(m))
     return columns
 
 
@@ -362,20 +377,23 @@ def approximation_table(runs: StudyRuns, design: StudyDesign, reference: str | N
             cells.append("; ".join(r for r in ratios if r) or "-")
         rows.append(cells)
     header = ["scheme", "moment ratio, layers 1-4", "layers 5-L", "positions 0-7", "positions 8+"]
-    header += [f"last-layer {stat} / {reference}'s, rate: ratio [95% CI]" for stat in ("magnitude", "variance")]
+    header += [
+        f"last-layer {stat} / {reference}'s, rate: geometric-mean ratio [95% CI]" for stat in ("magnitude", "variance")
+    ]
     return markdown_table(header, rows)
 
 
 def _matched_ratio(runs: StudyRuns, design: StudyDesign, group: str, reference: str, lr: float, stat: str) -> str:
-    """``lr: exp(mean) [exp(low), exp(high)]`` of the seed-paired ln ratio group / reference at one matched rate."""
+    """``lr: ratio [low, high]``: the geometric mean of the per-seed ratios group / reference at one matched rate,
+    its 95 % interval back-transformed from the ln scale."""
     sides = [
         {r.spec.seed_index: value(r, stat) for r in design.evaluation_runs(runs, label, lr) if r.status == "ok"}
         for label in (group, reference)
     ]
     if not sides[0] or not sides[1]:
         return ""
-    d = stats.interval(stats.paired_differences(*sides))
-    return f"{lr:g}: {num(math.exp(d.mean))} [{num(math.exp(d.low))}, {num(math.exp(d.high))}]"
+    g = stats.geometric_mean_ratio(stats.paired_differences(*sides))
+    return f"{lr:g}: {num(g.mean)} [{num(g.low)}, {num(g.high)}]"
 
 
 # ----------------------------------------------------------------------------- depth-wise growth
@@ -474,14 +492,24 @@ def _rates(c: ClaimResult) -> str:
     return "; ".join(t.rate for t in c.tests) or "none"
 
 
+def deciding_interval(c: ClaimResult, t: Test) -> stats.Interval:
+    """The interval the claim's rule decides by: the 90 % one for an equivalence (TOST), else the 95 % one."""
+    return t.difference_90 if c.spec.rule == "equivalent" else t.difference
+
+
+def _differences(c: ClaimResult) -> str:
+    text = "; ".join(short_ci(deciding_interval(c, t)) for t in c.tests) or "n/a"
+    return text + (" (90 %)" if c.spec.rule == "equivalent" and c.tests else "")
+
+
 def summary_table(items: Sequence[ClaimResult], design: StudyDesign) -> str:
-    """claim | arm | rate(s) | difference [95 % CI] | verdict | Holm-adjusted verdict: one row per claim, each
-    matched rate's difference in the rate order."""
+    """claim | arm | rate(s) | difference [CI] | verdict | Holm-adjusted verdict: one row per claim, each matched
+    rate's difference in the rate order, with the interval its rule decides by (95 %; 90 % for a TOST, marked)."""
     columns: list[Column[ClaimResult]] = [
         Column("claim", lambda c: claim_name(c) + _edge_note(c, design)),
         Column("arm", lambda c: c.spec.arm),
         Column("rate(s)", _rates),
-        Column("difference [95 % CI]", lambda c: "; ".join(short_ci(t.difference) for t in c.tests) or "n/a"),
+        Column("difference [95 % CI; 90 % for ~]", _differences),
         Column("verdict", lambda c: f"**{c.verdict}**"),
         Column("Holm-adjusted verdict", lambda c: c.holm_verdict),
     ]
@@ -498,7 +526,9 @@ def _rule_text(c: ClaimResult) -> str:
 
 
 def _seeds_for_a_decisive_interval(c: ClaimResult, t: Test) -> str:
-    """The seeds a decisive interval would take at the measured mean and spread (an inconclusive test only)."""
+    """The seeds a decisive interval would take at the measured mean and spread (an inconclusive test only): a
+    plug-in count for this test alone, at about 50 % power (the measured mean just reaching the bound), not a
+    family-level one; the confirmation's plan gives counts at 80 % power (docs/method.md, section 10)."""
     if t.verdict != stats.INCONCLUSIVE or not t.difference.defined:
         return "-"
     m = c.spec.margin_value or 0.0
@@ -516,7 +546,8 @@ def _seeds_for_a_decisive_interval(c: ClaimResult, t: Test) -> str:
 
 def detail_table(items: Sequence[ClaimResult]) -> str:
     """Every (claim, rate) test: metric, rule with its margin, pairs, 95 % and 90 % intervals, p-values (raw and
-    Holm-adjusted) and the seeds a decisive interval would take at the measured mean and spread."""
+    Holm-adjusted) and the plug-in seeds a decisive interval would take at the measured mean and spread (this test
+    alone, about 50 % power)."""
     columns: list[Column[tuple[ClaimResult, Test]]] = [
         Column("claim", lambda ct: claim_name(ct[0])),
         Column("metric", lambda ct: ct[0].spec.metric + (" (ln ratio)" if metric(ct[0].spec.metric).log else "")),
@@ -528,7 +559,7 @@ def detail_table(items: Sequence[ClaimResult]) -> str:
         Column("p for / against", lambda ct: f"{num(ct[1].p_for)} / {num(ct[1].p_against)}"),
         Column("Holm p for / against", lambda ct: f"{num(ct[1].holm_p_for)} / {num(ct[1].holm_p_against)}"),
         Column("verdict at this rate", lambda ct: ct[1].verdict),
-        Column("seeds for a decisive CI", lambda ct: _seeds_for_a_decisive_interval(*ct)),
+        Column("plug-in seeds, this test alone (~50 % power)", lambda ct: _seeds_for_a_decisive_interval(*ct)),
     ]
     return table(columns, [(c, t) for c in items for t in c.tests], empty="(no claim)")
 

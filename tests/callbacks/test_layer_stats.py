@@ -193,7 +193,7 @@ def test_a_statistic_declared_here_reaches_results_json_the_claims_and_the_repor
     assert main(argv) == 0
     # carried in results.json: the final statistics and every trajectory point
     record = load(out)
-    run = next(r for r in record.runs if r.spec.label == "bhyt@lr0.003-s1")
+    run = next(r for r in record.runs if r.spec.label == "bhyt@lr0.003-steps2-s1")
     assert {"token_rms/layer_00", "token_rms/layer_01"} <= set(run.depth_final)
     assert [len(p["token_rms"]) for p in run.trajectory] == [2, 2, 2]  # steps 0, 1 and the end
     # summarised: the measured RMS equals the magnitude per coordinate derived from the magnitude

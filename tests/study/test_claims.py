@@ -14,7 +14,7 @@ from study_fixtures import kept_design, synthetic_set
 
 from bhyt_pl.study import claims as claims_module
 from bhyt_pl.study import metrics as metrics_module
-from bhyt_pl.study.claims import CLAIMS, ClaimSpec, evaluate
+from bhyt_pl.study.claims import CLAIMS, CONFIRMATION_ROWS, PAPER_CLAIMS, POST_HOC, ClaimSpec, PaperClaimSpec, evaluate
 from bhyt_pl.study.design import StudyDesign
 from bhyt_pl.study.runner import RunResult, RunSpec
 from bhyt_pl.study.stats import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
@@ -255,3 +255,49 @@ def test_every_table_row_names_a_paper_statement_and_evaluation_code_names_no_sc
     code += inspect.getsource(metrics_module)
     for name in registered_norms():
         assert f'"{name}"' not in code and f"'{name}'" not in code, name
+
+
+def test_a_tost_point_over_training_carries_the_90_percent_interval_it_is_decided_by() -> None:
+    results, design = synthetic_set()
+    row = ClaimSpec("A ~ B", "Figure 3", "A", "B", "magnitude", "matched", "equivalent", margin=1.05)
+    (claim,), _ = evaluate(results, design, {"A": "a", "B": "b"}, claims=(row,))
+    end, test = claim.tests[0].over_training[-1], claim.tests[0]
+    assert end["confidence"] == 0.90 and (end["low"], end["high"]) == (test.difference_90.low, test.difference_90.high)
+    lower = ClaimSpec("A below B", "Figure 3", "A", "B", "magnitude", "matched", "lower")
+    (claim,), _ = evaluate(results, design, {"A": "a", "B": "b"}, claims=(lower,))
+    end = claim.tests[0].over_training[-1]
+    assert end["confidence"] == 0.95 and end["low"] == claim.tests[0].difference.low
+
+
+def test_the_confirmations_declarations_are_rows_of_the_table() -> None:
+    """Every row says whether it is a primary candidate and why; primary rows are directional tests at the matched
+    rate; names are unique; the post-hoc rows stay out of the exploration; paper claims name rows."""
+    assert CONFIRMATION_ROWS == (*POST_HOC, *CLAIMS) and len({c.name for c in CONFIRMATION_ROWS}) == 51
+    assert all(c.why for c in CONFIRMATION_ROWS)
+    primary = [c for c in CONFIRMATION_ROWS if c.primary]
+    assert all(c.arm == "matched" and c.rule in ("lower", "higher") for c in primary)
+    assert all(c.target != "DyT" and c.baseline != "DyT" for c in primary) and len(primary) == 28
+    assert {c.metric for c in POST_HOC} == {"median_magnitude"} and not any(
+        c.primary for c in CLAIMS if c.metric == "magnitude"
+    )
+    results, design = _study(DATA)
+    items, skipped = evaluate(results, design, ROLES)
+    assert len(items) + len(skipped) == len(CLAIMS) == 46  # the exploration's table, without the post-hoc rows
+    assert all(c.spec.metric != "median_magnitude" for c in items)
+    (three,) = [c for c in PAPER_CLAIMS if "RMSNorm's, LayerNorm's and Peri-LN's" in c.statement]
+    assert three.components == tuple(f"BHyT < {b}: median_magnitude" for b in ("RMSNorm", "LayerNorm", "Peri-LN"))
+    lowest = [c for c in PAPER_CLAIMS if " has the lowest " in c.statement]
+    assert len(lowest) == 7 and all(len(c.components) == 5 for c in lowest)  # every baseline, DyT's included
+
+
+def test_a_primary_row_must_be_a_directional_matched_test_with_its_reason() -> None:
+    with pytest.raises(ValueError, match="a primary row is one directional test at the matched rate"):
+        ClaimSpec("x", "Table 1", "A", "B", "val_loss", "best", "lower", primary=True, why="Table 1")
+    with pytest.raises(ValueError, match="got arm 'matched' and rule 'equivalent'"):
+        ClaimSpec("x", "Figure 3", "A", "B", "magnitude", "matched", "equivalent", primary=True, why="w")
+    with pytest.raises(ValueError, match=r"a primary row needs its reason \(why='...'\)"):
+        ClaimSpec("x", "Figure 3", "A", "B", "magnitude", "matched", "lower", primary=True)
+    with pytest.raises(ValueError, match="components must name rows of the table"):
+        PaperClaimSpec("lowest", ("BHyT < RMSNorm: loudness",))
+    row = ClaimSpec("x", "theorem", "A", "B", "variance", "matched", "lower", condition="variance_bound")
+    assert row.name == "A < B: variance [theorem]"

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from bhyt_pl.study import stats
-from bhyt_pl.study.markdown import Column, ci, markdown_table, num, short_ci, table
+from bhyt_pl.study.markdown import Column, ci, geometric_ci, markdown_table, num, short_ci, table
 
 
 def test_a_table_is_its_columns_over_its_rows() -> None:
@@ -47,3 +47,11 @@ def test_intervals() -> None:
     iv = stats.interval([1.0, 2.0, 4.0])  # mean 7/3, half-width 4.3027 * sqrt(7/3) / sqrt(3) = 3.7946
     assert ci(iv) == "2.333 [-1.461, 6.128] (1-4)"
     assert short_ci(iv) == "2.333 [-1.461, 6.128]" and short_ci(stats.interval([])) == "n/a"
+
+
+def test_geometric_intervals_are_back_transformed_and_positive() -> None:
+    g = stats.geometric_mean([1.0, 2.0, 4.0])  # ln: 0, ln 2, 2 ln 2: mean ln 2, sd ln 2
+    half = 4.302652729911275 * math.log(2) / math.sqrt(3)
+    assert (g.mean, g.low, g.high) == pytest.approx((2.0, 2.0 * math.exp(-half), 2.0 * math.exp(half)))
+    assert geometric_ci(g) == f"2 [{num(g.low)}, {num(g.high)}] (1-4)" and g.low > 0
+    assert geometric_ci(stats.geometric_mean([])) == "n/a" and geometric_ci(stats.geometric_mean([3.0])) == "3 (n=1)"

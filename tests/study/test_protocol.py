@@ -17,8 +17,8 @@ from study_fixtures import BASE, fake_result
 from bhyt_pl.study.claims import evaluate
 from bhyt_pl.study.design import StudyDesign, parse_group
 from bhyt_pl.study.local import InlineLauncher
-from bhyt_pl.study.plan import SELECTION_SEED, default_matched_lrs, evaluation_specs
-from bhyt_pl.study.protocol import run_all, run_depth_study
+from bhyt_pl.study.plan import SELECTION_SEED, default_matched_lrs, evaluation_specs, legacy_label
+from bhyt_pl.study.protocol import adopt_legacy_run, run_all, run_depth_study
 from bhyt_pl.study.runner import RunResult, RunSpec, run_dirname
 from bhyt_pl.study.scheduler import Scheduler
 
@@ -117,7 +117,9 @@ def test_matched_arm_reuses_the_best_rate_runs(tmp_path: Path) -> None:
     assert len(evaluation) == 6 + 9 == len(set(evaluation))
     assert len(trained) == 8 + 15
     spec_lists = evaluation_specs(groups[0], design.selections["rmsnorm"], design.matched_lrs, 3, BASE)
-    assert [s.label for s in spec_lists] == [f"rmsnorm@lr{lr:g}-s{i}" for lr in (0.01, 0.03) for i in (1, 2, 3)]
+    assert [s.label for s in spec_lists] == [
+        f"rmsnorm@lr{lr:g}-steps200-s{i}" for lr in (0.01, 0.03) for i in (1, 2, 3)
+    ]
 
 
 def test_only_the_reported_runs_measure_stability_and_layer_importance(tmp_path: Path) -> None:
@@ -169,14 +171,44 @@ def test_finished_runs_are_reused_across_invocations_sharing_out(tmp_path: Path)
     # one more evaluation seed: only its runs train (selection and seeds 1-2 are read back)
     more: list[str] = []
     study(groups, v_loss(3e-3), tmp_path, n_seeds=3, trained=more)
-    assert sorted(more) == sorted(f"{g}@lr{lr:g}-s3" for g in ("rmsnorm", "bhyt") for lr in (0.003, 0.01))
+    assert sorted(more) == sorted(f"{g}@lr{lr:g}-steps200-s3" for g in ("rmsnorm", "bhyt") for lr in (0.003, 0.01))
     # a changed spec (another step count) is not the finished run: it trains again
-    stored = json.loads((tmp_path / "runs" / "rmsnorm@lr0.001-s0" / "result.json").read_text())
+    stored = json.loads((tmp_path / "runs" / "rmsnorm@lr0.001-steps200-s0" / "result.json").read_text())
     assert stored["spec"] == json.loads(json.dumps(asdict(replace(BASE, **_fields(stored["spec"])))))
     changed = Scheduler(InlineLauncher(fake_runner(v_loss(3e-3), tmp_path, retrained := [])), tmp_path, True)
     changed.submit([RunSpec(**{**stored["spec"], "steps": 999})])
     list(changed.finished())
-    assert retrained == ["rmsnorm@lr0.001-s0"] and changed.reused == []
+    assert retrained == ["rmsnorm@lr0.001-steps200-s0"] and changed.reused == []
+
+
+def test_a_folder_made_before_labels_carried_the_step_count_is_reused(tmp_path: Path) -> None:
+    """Run folders named by the legacy label (no step count) take their current names and are read back, not
+    retrained; one whose settings differ (another step count) is left alone and its run trains."""
+    groups = [parse_group("rmsnorm"), parse_group("bhyt")]
+    first_results, _, first, _ = study(groups, v_loss(3e-3), tmp_path, n_seeds=1)
+    for label in first:  # the folder as a study made it before: legacy label in its name and in its result.json
+        spec = next(r.spec for r in first_results if r.spec.label == label)
+        old = legacy_label(spec)
+        path = tmp_path / "runs" / run_dirname(label) / "result.json"
+        stored = json.loads(path.read_text())
+        stored["spec"]["label"], stored["log_dir"] = old, f"runs/{run_dirname(old)}/logs"
+        path.write_text(json.dumps(stored))
+        path.parent.rename(tmp_path / "runs" / run_dirname(old))
+    # one legacy folder of another step count: the same legacy name, but not this study's run
+    odd = tmp_path / "runs" / "rmsnorm@lr0.003-s1" / "result.json"
+    stored = json.loads(odd.read_text())
+    stored["spec"]["steps"] = 999
+    odd.write_text(json.dumps(stored))
+    results, _, trained, scheduler = study(groups, v_loss(3e-3), tmp_path, n_seeds=1)
+    assert trained == ["rmsnorm@lr0.003-steps200-s1"]  # the odd one only
+    assert sorted(scheduler.reused) == sorted(label for label in first if label != "rmsnorm@lr0.003-steps200-s1")
+    assert [r.val_loss for r in results] == [r.val_loss for r in first_results]
+    renamed = json.loads((tmp_path / "runs" / "bhyt@lr0.003-steps200-s1" / "result.json").read_text())
+    assert renamed["spec"]["label"] == "bhyt@lr0.003-steps200-s1"
+    assert renamed["log_dir"] == "runs/bhyt@lr0.003-steps200-s1/logs"
+    assert not (tmp_path / "runs" / "bhyt@lr0.003-s1").exists() and odd.exists()  # the odd one stays as it was
+    spec = next(r.spec for r in results if r.spec.label == "bhyt@lr0.003-steps200-s1")
+    assert not adopt_legacy_run(tmp_path, spec)  # nothing left to adopt: the folder has its name already
 
 
 def _fields(spec: dict) -> dict:

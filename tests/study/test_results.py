@@ -58,3 +58,10 @@ def test_what_is_not_a_record_is_named(tmp_path: Path) -> None:
     (tmp_path / "results.json").write_text(json.dumps({"runs": []}))
     with pytest.raises(ValueError, match="results.json has no 'meta'"):
         load(tmp_path)
+
+
+def test_a_confirmations_record_is_named_not_read_as_a_sweep(tmp_path: Path) -> None:
+    """A confirmation's results.json has meta and runs too; read as a study's it would pass for a sweep."""
+    (tmp_path / "results.json").write_text(json.dumps({"meta": {"kind": "confirmation"}, "plan": {}, "runs": []}))
+    with pytest.raises(ValueError, match="is a confirmation's record; rebuild its report with python -m bhyt_pl study"):
+        load(tmp_path)

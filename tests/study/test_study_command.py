@@ -51,7 +51,7 @@ def test_quick_study_protocol_v3_end_to_end_and_resume(tmp_path: Path, monkeypat
             (3e-3, 43),
             (3e-3, 44),
         ]
-    r = runs["rmsnorm@lr0.001-s1"]
+    r = runs["rmsnorm@lr0.001-steps4-s1"]
     assert r["status"] == "ok" and r["steps_done"] == 4 and r["n_layers"] == 2 and r["dim"] == 128
     assert [p["step"] for p in r["trajectory"]] == [0, 2, 4]
     for point in r["trajectory"]:
@@ -75,14 +75,14 @@ def test_quick_study_protocol_v3_end_to_end_and_resume(tmp_path: Path, monkeypat
     loss = claims[("BHyT's loss is no worse than RMSNorm's", "bhyt", "rmsnorm")]
     (test,) = loss["tests"]
     assert test["runs"]["target"] == [
-        f"{design['selections']['bhyt']['candidate']}@lr{test['lrs']['target']:g}-s{i}" for i in (1, 2)
+        f"{design['selections']['bhyt']['candidate']}@lr{test['lrs']['target']:g}-steps4-s{i}" for i in (1, 2)
     ]
     magnitude = claims[("BHyT has the lowest last-layer magnitude", "bhyt", "rmsnorm")]
     assert [t["rate"] for t in magnitude["tests"]] == ["0.001", "0.003"]
     assert [p["step"] for p in magnitude["tests"][0]["over_training"]] == [0, 2, 4]
     text = (out / "report.md").read_text()
     assert "| " + " | ".join(c.header for c in group_columns()) + " |" in text
-    assert "| claim | arm | rate(s) | difference [95 % CI] | verdict | Holm-adjusted verdict |" in text
+    assert "| claim | arm | rate(s) | difference [95 % CI; 90 % for ~] | verdict | Holm-adjusted verdict |" in text
     bound = next(r["variance_bound"] for r in runs.values() if r["variance_bound"])
     assert bound["n_layers"] == 2 and bound["threshold"] == pytest.approx(1 / math.sqrt(2))
     assert "| lr 0.001 | lr 0.003 |" in text and "**" in text
@@ -112,7 +112,8 @@ def test_resume_retrains_only_the_missing_run(tmp_path: Path, monkeypatch: pytes
     argv = [*TINY, "--seeds", "2", "--lrs", "1e-3", "--steps", "2", "--schemes", "rmsnorm", "--out", str(out)]
     argv += ["--trajectory-every", "0", "--no-importance"]
     assert main(argv) == 0
-    (out / "runs" / "rmsnorm@lr0.001-s1" / "result.json").unlink()  # as if killed during the first evaluation seed
+    # as if killed during the first evaluation seed
+    (out / "runs" / "rmsnorm@lr0.001-steps2-s1" / "result.json").unlink()
     trained: list[str] = []
     real = runner.run_one
 
@@ -122,7 +123,7 @@ def test_resume_retrains_only_the_missing_run(tmp_path: Path, monkeypatch: pytes
 
     monkeypatch.setattr(runner, "run_one", counting)
     assert main(argv) == 0
-    assert trained == ["rmsnorm@lr0.001-s1"]
+    assert trained == ["rmsnorm@lr0.001-steps2-s1"]
 
 
 @pytest.mark.slow
@@ -157,7 +158,7 @@ def test_a_failing_run_is_recorded_and_the_study_continues(tmp_path: Path, monke
     argv = [*TINY, "--steps", "2", "--seeds", "1", "--lrs", "1e-3", "--no-importance", "--trajectory-every", "0"]
     assert main([*argv, "--schemes", "rmsnorm", "lns", "--out", str(out)]) == 1
     runs = _runs(out)
-    rms, lns = runs["rmsnorm@lr0.001-s0"], runs["lns@lr0.001-s0"]
+    rms, lns = runs["rmsnorm@lr0.001-steps2-s0"], runs["lns@lr0.001-steps2-s0"]
     assert rms["status"] == "error" and "simulated out of memory" in rms["error"]
     assert lns["status"] == "ok"
     assert "error: RuntimeError: simulated out of memory" in (out / "report.md").read_text()
@@ -175,10 +176,10 @@ def test_quick_sweep_grid(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> N
     assert all(" left" in m for m in progress[:3]) and " left" not in progress[3]
     runs = _runs(out)
     assert sorted(runs) == [
-        "rmsnorm@L1-lr0.001-s0",
-        "rmsnorm@L1-lr100-s0",
-        "rmsnorm@L2-lr0.001-s0",
-        "rmsnorm@L2-lr100-s0",
+        "rmsnorm@L1-lr0.001-steps2-s0",
+        "rmsnorm@L1-lr100-steps2-s0",
+        "rmsnorm@L2-lr0.001-steps2-s0",
+        "rmsnorm@L2-lr100-steps2-s0",
     ]
     assert {r["status"] for label, r in runs.items() if "lr100" in label} == {"diverged"}
     assert {r["status"] for label, r in runs.items() if "lr0.001" in label} == {"ok"}

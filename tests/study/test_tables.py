@@ -10,10 +10,10 @@ import re
 import pytest
 from study_fixtures import kept_design, synthetic, synthetic_set
 
-from bhyt_pl.study import tables
+from bhyt_pl.study import stats, tables
 from bhyt_pl.study.claims import ClaimSpec, evaluate
 from bhyt_pl.study.design import StudyRuns
-from bhyt_pl.study.markdown import Column, table
+from bhyt_pl.study.markdown import Column, short_ci, table
 from bhyt_pl.study.runner import RunResult, RunSpec
 
 T_975_2 = 4.302652729911275  # the 97.5% quantile of Student's t with 2 degrees of freedom
@@ -32,7 +32,7 @@ def _numbers(cell: str) -> list[float]:
     """mean, low, high, min, max of a ``mean [low, high] (min-max)`` cell (positive values)."""
     match = re.fullmatch(r"(\S+) \[(\S+), (\S+)\] \((.+?)-(.+)\)", cell)
     assert match, cell
-    return [float(x) for x in match.groups()]
+    return [float(x.replace(",", "")) for x in match.groups()]
 
 
 def _kept(design):
@@ -52,15 +52,19 @@ def test_group_table_columns_hold_each_groups_seed_intervals() -> None:
     assert header[:6] == ["scheme", "candidate", "lr", "seeds ok", "val loss", "train loss"]
     b = _cells(text, "b")
     assert b[:4] == ["b", "b", "0.003", "3/3"]
-    # last-layer magnitude of b at 3e-3: 4 e^offset over offsets 0, 0.1, -0.1 (raw scale, not ln)
+    # last-layer magnitude of b at 3e-3: 4 e^offset over offsets 0, 0.1, -0.1, shown as the claims compare it: the
+    # geometric mean 4 with the interval of the ln offsets back-transformed, 4 exp(+-t_{0.975,2} 0.1 / sqrt(3))
     seeds = [4.0, 4.0 * math.exp(0.1), 4.0 * math.exp(-0.1)]
-    mean, low, high = _interval(seeds)
+    half = T_975_2 * 0.1 / math.sqrt(3)
     assert _numbers(b[header.index("last-layer magnitude (mean token)")]) == pytest.approx(
-        [mean, low, high, min(seeds), max(seeds)], rel=2e-3
+        [4.0, 4.0 * math.exp(-half), 4.0 * math.exp(half), min(seeds), max(seeds)], rel=2e-3
     )
     # the median token is half the mean token in these runs; the per-coordinate magnitude is it over sqrt(16)
-    assert _numbers(b[header.index("median token")])[0] == pytest.approx(mean / 2, rel=2e-3)
-    assert _numbers(b[header.index("per coordinate (/sqrt d)")])[0] == pytest.approx(mean / 4, rel=2e-3)
+    assert _numbers(b[header.index("median token")])[0] == pytest.approx(2.0, rel=2e-3)
+    assert _numbers(b[header.index("per coordinate (/sqrt d)")])[0] == pytest.approx(1.0, rel=2e-3)
+    # growth is compared as it is (already ln ratios): an arithmetic mean
+    mean, low, high = _interval([math.log(v) - 0.0 for v in seeds])  # layer L/4 of b is 1
+    assert _numbers(b[header.index("ln magnitude growth L/4..L")])[:3] == pytest.approx([mean, low, high], rel=2e-3)
     assert b[header.index("tanh saturation")] == "-"  # no scheme site reports it in these runs
 
 
@@ -127,6 +131,41 @@ def test_seeds_for_a_decisive_tost_use_its_90_percent_interval() -> None:
     line = next(x for x in tables.detail_table(items).splitlines() if "| 0.003 |" in x)
     assert line.rstrip(" |").endswith("| 5")
     assert "| magnitude (ln ratio) |" in line
+
+
+def test_a_tost_row_quotes_its_90_percent_interval_and_plug_in_seeds_say_what_they_are() -> None:
+    results, design = synthetic_set()
+    row = ClaimSpec("A ~ B", "Figure 3", "A", "B", "magnitude", "matched", "equivalent", margin=1.05)
+    lower = ClaimSpec("A below B", "Figure 3", "A", "B", "magnitude", "matched", "lower")
+    items, _ = evaluate(results, design, {"A": "a", "B": "b"}, claims=(row, lower))
+    summary = tables.summary_table(items, design)
+    assert "difference [95 % CI; 90 % for ~]" in summary.splitlines()[0]
+    tost, directional = items[0].tests[0], items[1].tests[0]
+    tost_line = next(x for x in summary.splitlines() if x.startswith("| A ~ B"))
+    # by hand: mean -1, sd 0.05 over 3 pairs; the 90 % half-width t_{0.95,2} 0.05 / sqrt(3) = 0.0843
+    half = 2.919985580355516 * 0.05 / math.sqrt(3)
+    assert (tost.difference_90.low, tost.difference_90.high) == pytest.approx((-1 - half, -1 + half))
+    assert f"{short_ci(tost.difference_90)}; " in tost_line and tost_line.count("(90 %)") == 1
+    assert short_ci(tost.difference) not in tost_line
+    lower_line = next(x for x in summary.splitlines() if x.startswith("| A below B"))
+    assert short_ci(directional.difference) in lower_line and "(90 %)" not in lower_line
+    assert "plug-in seeds, this test alone (~50 % power)" in tables.detail_table(items).splitlines()[0]
+
+
+def test_no_interval_on_a_magnitude_goes_below_zero() -> None:
+    """A last layer spread over a factor of 30 across 3 seeds (as LNS's in the committed pilot): its arithmetic
+    95 % interval reaches below 0, the geometric one shown instead does not, and is exp(mean ln +- t se)."""
+    values = [20.0, 100.0, 600.0]
+    assert stats.interval(values).low < 0
+    runs = [synthetic("a", 3e-3, i + 1, [1.0, 1.0, 1.0, v], 3.0) for i, v in enumerate(values)]
+    design = kept_design({"a": 3e-3}, (3e-3,))
+    text = tables.matched_table(StudyRuns(runs), design)
+    cell = _cells(text, "a")[_header(text).index("last-layer magnitude (mean token)")]
+    ln = [math.log(v) for v in values]
+    mean, low, high = _interval(ln)
+    expected = [math.exp(mean), math.exp(low), math.exp(high), 20.0, 600.0]
+    assert _numbers(cell) == pytest.approx(expected, rel=5e-3)  # 3 significant digits
+    assert _numbers(cell)[1] > 0
 
 
 # ----------------------------------------------------------------------------- approximated statistics

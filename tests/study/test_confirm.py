@@ -1,0 +1,287 @@
+"""The confirmation stage (``bhyt_pl.study.confirm``) on a synthetic pilot whose per-seed differences are set by hand
+(``study_fixtures.PILOT_LN_MAGNITUDE``): the candidates read the pilot's evaluation seeds only, the plan's seed count
+against an independent power computation, an infeasible test, run specs on seeds above every pilot seed, verdicts that
+read only the confirmation's seeds, one-sided p-values against scipy's paired t-test, Holm by hand, an
+intersection-union claim that one failing baseline fails, and the frozen plan a restart keeps."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from scipy import integrate
+from scipy import stats as scipy_stats
+from study_fixtures import PILOT_LN_MAGNITUDE, layer_run, pilot_spec, write_pilot
+
+from bhyt_pl.study import confirm, power, stats
+from bhyt_pl.study.confirm import ConfirmationRecord, evaluate, family_runs, frozen_plan, load_pilot, p_value
+from bhyt_pl.study.results import StudyRecord
+
+MEDIAN = "BHyT < {}: median_magnitude"
+T_90_2 = 1.8856180831641267  # t_{0.90, 2}: the half-width factor of an 80 % interval from 3 values
+
+
+def confirmation_ln(group: str, i: int) -> float:
+    """ln last-layer magnitude of the confirmation's seed ``i``: BHyT clearly below RMSNorm and LayerNorm, level with
+    Peri-LN (its differences -0.14, +0.08, -0.10, +0.12, -0.06 on seeds 4-8: mean -0.02)."""
+    return {
+        "bhyt": 0.6 + 0.02 * (i - 6),
+        "rmsnorm": 2.0 + 0.05 * (-1) ** i,
+        "layernorm": 1.8 - 0.03 * (i - 6),
+        "peri_ln": 0.6 + 0.1 * (-1) ** i,
+        "lns": 0.5,
+    }[group]
+
+
+def confirmation_runs(plan: power.Plan, pilot) -> list:
+    return [
+        layer_run(spec, confirmation_ln(spec.group, spec.seed_index))
+        for spec in confirm.confirmation_specs(plan, pilot)
+    ]
+
+
+def reference_power(effect: float, sd: float, n: int, level: float) -> float:
+    """Power of the one-sided paired t-test by one integral over the sample SD (not scipy's noncentral t): reject when
+    Z + ncp > c sqrt(V / df), Z standard normal, V chi-square with df = n - 1, ncp = effect sqrt(n) / sd."""
+    df = n - 1
+    c = scipy_stats.t.ppf(1 - level, df)
+    ncp = effect * math.sqrt(n) / sd
+    value, _ = integrate.quad(
+        lambda v: scipy_stats.norm.sf(c * math.sqrt(v / df) - ncp) * scipy_stats.chi2.pdf(v, df), 0, math.inf
+    )
+    return value
+
+
+@pytest.fixture
+def pilot(tmp_path: Path) -> confirm.Pilot:
+    return load_pilot(write_pilot(tmp_path / "pilot"))
+
+
+@pytest.fixture
+def plan(pilot: confirm.Pilot) -> power.Plan:
+    return confirm.make_confirmation_plan(pilot, pilot.rate(), max_seeds=12)
+
+
+def test_candidates_read_the_pilots_evaluation_seeds_only(tmp_path: Path) -> None:
+    folder = write_pilot(tmp_path / "pilot")
+    document = json.loads((folder / "results.json").read_text())
+    # a run on seed index 7 that no evaluation seed is (say, from an earlier stage): never a pilot difference, but
+    # the confirmation's seeds must start above it
+    document["runs"] += [layer_run(pilot_spec(g, 7), 9.0).to_dict() for g in ("bhyt", "rmsnorm", "lns")]
+    (folder / "results.json").write_text(json.dumps(document))
+    pilot = load_pilot(folder)
+    found, claims, not_tested = confirm.candidates(pilot, 3e-3)
+    by_name = {c.name: c for c in found}
+    # BHyT - RMSNorm in ln median magnitude on seeds 1-3 (the selection seed 0 is not an evaluation seed either)
+    assert by_name[MEDIAN.format("RMSNorm")].pilot == pytest.approx((-1.4, -1.5, -1.3))
+    assert by_name[MEDIAN.format("LNS")].pilot == pytest.approx((0.4, -0.5, 0.6))
+    assert by_name["BHyT < RMSNorm: variance"].pilot == pytest.approx((-2.8, -3.0, -2.6))  # the square: twice the ln
+    assert by_name[MEDIAN.format("RMSNorm")].rate == 3e-3 and not by_name[MEDIAN.format("RMSNorm")].exploratory
+    # declared reasons, and the theorem's condition read on the pilot's runs (these fakes record no bound)
+    assert by_name["BHyT < RMSNorm: magnitude"].exploratory.startswith("the mean token: replaced by the median")
+    assert by_name["BHyT < LNS: variance [theorem]"].exploratory == (
+        "outside its condition on the pilot's runs (no variance-bound record)"
+    )
+    assert by_name["BHyT no worse than RMSNorm: val_loss"].rate is None  # the best arm: each at its best rate
+    assert "BHyT < DyT: median_magnitude" in not_tested and "BHyT* < Peri-LN: variance_growth" in not_tested
+    assert [c.name for c in claims] == [
+        "BHyT's last-layer median-token magnitude is below RMSNorm's, LayerNorm's and Peri-LN's"
+    ]
+    assert pilot.seed_indices == (0, 1, 2, 3, 7)
+    assert confirm.make_confirmation_plan(pilot, 3e-3).first_seed_index == 8
+
+
+def test_the_plans_seed_count_matches_an_independent_power_computation(plan: power.Plan) -> None:
+    row = plan.test(MEDIAN.format("Peri-LN"))
+    # by hand: pilot differences -0.9, -1.0, -0.8: mean -0.9, sd 0.1; the 80 % interval's bound nearer 0 is
+    # -0.9 + t_{0.90,2} 0.1 / sqrt(3); the SD's one-sided 80 % bound is 0.1 sqrt(2 / chi2_{0.20,2}), and
+    # chi2_{0.20,2} = -2 ln 0.8
+    effect = 0.9 - T_90_2 * 0.1 / math.sqrt(3)
+    sd = 0.1 / math.sqrt(-math.log(0.8))
+    assert (row.effect, row.sd) == pytest.approx((effect, sd), abs=1e-9)
+    assert plan.family_size == 12 and row.level == pytest.approx(0.05 / 12)
+    needed = next(n for n in range(3, 50) if reference_power(effect, sd, n, 0.05 / 12) >= 0.8)
+    assert row.seeds == needed == 5
+    assert reference_power(effect, sd, 4, 0.05 / 12) < 0.8 <= reference_power(effect, sd, 5, 0.05 / 12)
+    # every group of the family trains the largest count of its tests and claims; LNS is in no primary test
+    assert plan.group_seeds == {"bhyt": 5, "rmsnorm": 5, "layernorm": 5, "peri_ln": 5}
+    assert plan.source["candidates"] == {g: g for g in PILOT_LN_MAGNITUDE} and plan.source["rate"] == 3e-3
+
+
+def test_an_infeasible_test_trains_nothing_and_says_why(plan: power.Plan) -> None:
+    row = plan.test(MEDIAN.format("LNS"))
+    # by hand: +0.4, -0.5, +0.6: mean 1/6, sd sqrt(0.343333); 80 % interval 1/6 +- t_{0.90,2} sd / sqrt(3)
+    sd = math.sqrt(((0.4 - 1 / 6) ** 2 + (-0.5 - 1 / 6) ** 2 + (0.6 - 1 / 6) ** 2) / 2)
+    low, high = 1 / 6 - T_90_2 * sd / math.sqrt(3), 1 / 6 + T_90_2 * sd / math.sqrt(3)
+    assert (row.pilot_low, row.pilot_high) == pytest.approx((low, high), abs=1e-9)
+    assert row.status == power.INFEASIBLE and row.seeds is None and row.pairs == 0
+    assert row.reason == f"the pilot's 80% interval [{low:+.3f}, {high:+.3f}] reaches 0"
+    assert "lns" not in plan.group_seeds
+
+
+def test_runs_sit_on_new_seeds_above_every_pilot_seed_with_the_pilots_settings(pilot, plan: power.Plan) -> None:
+    specs = confirm.confirmation_specs(plan, pilot)
+    assert len(specs) == plan.runs == 20
+    assert {s.seed_index for s in specs} == set(range(4, 9)) and min(s.seed_index for s in specs) > max(
+        pilot.seed_indices
+    )
+    assert [s.seed_index for s in specs] == sorted(s.seed_index for s in specs)  # whole pairs first
+    template = pilot_spec("bhyt", 1)
+    first = next(s for s in specs if s.group == "bhyt" and s.seed_index == 4)
+    assert first == replace(template, label="bhyt@lr0.003-steps10-s4", seed_index=4, seed=46, data_seed=46)
+    assert {s.group for s in specs} == set(plan.group_seeds) and all(not s.importance for s in specs)
+
+
+def test_verdicts_read_only_the_confirmations_seeds(pilot, plan: power.Plan) -> None:
+    runs = confirmation_runs(plan, pilot)
+    # the pilot's own runs of the same groups, candidates and rate, with values that would flip every verdict
+    pilot_runs = [
+        layer_run(pilot_spec(g, i), 9.0 if g == "bhyt" else -9.0) for g in plan.group_seeds for i in (1, 2, 3)
+    ]
+    assert set(family_runs(plan, runs + pilot_runs, "bhyt")) == set(range(4, 9))
+    assert evaluate(plan, runs + pilot_runs) == evaluate(plan, runs)
+    # another rate or candidate is not the plan's either
+    other = [replace(r, spec=replace(r.spec, lr=1e-2, label=r.spec.label + "x")) for r in runs]
+    assert family_runs(plan, other, "bhyt") == {}
+
+
+def test_one_sided_p_values_match_scipys_paired_t_test_and_holm_runs_by_hand(pilot, plan: power.Plan) -> None:
+    evaluation = evaluate(plan, confirmation_runs(plan, pilot), tokens_per_step=64)
+    seeds = range(4, 9)
+    for t in evaluation.tests:
+        target, baseline = (
+            (confirmation_ln(t.planned.target, i) for i in seeds),
+            (confirmation_ln(t.planned.baseline, i) for i in seeds),
+        )
+        a, b = list(target), list(baseline)
+        if t.planned.statistic in ("variance", "variance_growth"):
+            a, b = [2 * x for x in a], [2 * x for x in b]  # ln of the square
+        reference = scipy_stats.ttest_rel(a, b, alternative="less").pvalue
+        assert t.p == pytest.approx(reference, rel=1e-9), t.planned.name
+        assert t.target_runs == tuple(f"{t.planned.target}@lr0.003-steps10-s{i}" for i in seeds)
+    # Holm by hand: the i-th smallest of m p-values times (m - i), running maximum, capped at 1
+    ordered = sorted(evaluation.tests, key=lambda t: t.p)
+    running, m = 0.0, len(ordered)
+    for rank, t in enumerate(ordered):
+        running = max(running, min(1.0, (m - rank) * t.p))
+        assert t.holm_p == pytest.approx(running)
+        assert t.verdict == (stats.CONFIRMED if running < 0.05 else stats.NOT_CONFIRMED)
+    assert evaluation.test(MEDIAN.format("RMSNorm")).verdict == stats.CONFIRMED
+    assert evaluation.test(MEDIAN.format("Peri-LN")).verdict == stats.NOT_CONFIRMED
+    # over training (the fixtures' trajectories record magnitude and variance): step 0, all ones, and the end
+    variance = evaluation.test("BHyT < RMSNorm: variance")
+    assert [p["step"] for p in variance.over_training] == [0, 10]
+    assert variance.over_training[0]["mean"] == 0.0 and variance.over_training[-1]["p_one_sided"] == pytest.approx(
+        variance.p
+    )
+
+
+def test_one_failing_baseline_fails_the_paper_level_claim(pilot, plan: power.Plan) -> None:
+    (claim,) = evaluate(plan, confirmation_runs(plan, pilot)).claims
+    evaluation = evaluate(plan, confirmation_runs(plan, pilot))
+    components = [evaluation.test(MEDIAN.format(b)) for b in ("RMSNorm", "LayerNorm", "Peri-LN")]
+    assert [c.verdict for c in components] == [stats.CONFIRMED, stats.CONFIRMED, stats.NOT_CONFIRMED]
+    assert claim.planned.primary and claim.verdict == stats.NOT_CONFIRMED
+    assert claim.iut.failing == (MEDIAN.format("Peri-LN"),) and claim.iut.missing == ()
+    assert claim.iut.p == max(c.holm_p for c in components)
+    # with BHyT below Peri-LN too, every component passes and so does the claim
+    below = [
+        replace(r, depth_final=layer_run(r.spec, confirmation_ln("peri_ln", r.spec.seed_index) + 1.0).depth_final)
+        if r.spec.group == "peri_ln"
+        else r
+        for r in confirmation_runs(plan, pilot)
+    ]
+    (claim,) = evaluate(plan, below).claims
+    assert claim.verdict == stats.CONFIRMED and claim.iut.p < 0.05
+
+
+def test_a_test_without_pairs_is_untested_and_so_is_its_claim(pilot, plan: power.Plan) -> None:
+    runs = [r for r in confirmation_runs(plan, pilot) if r.spec.group != "peri_ln"]
+    evaluation = evaluate(plan, runs)
+    assert evaluation.test(MEDIAN.format("Peri-LN")).verdict == stats.UNTESTED
+    (claim,) = evaluation.claims
+    assert claim.verdict == stats.UNTESTED and claim.iut.missing == (MEDIAN.format("Peri-LN"),)
+
+
+def test_test_p_by_rule_against_hand_computation() -> None:
+    d = stats.interval([-0.3, -0.1, -0.2])  # mean -0.2, se 0.1 / sqrt(3)
+    t = -0.2 / (0.1 / math.sqrt(3))
+    assert p_value(d, "lower") == pytest.approx(scipy_stats.t.cdf(t, 2))
+    assert p_value(d, "higher") == pytest.approx(scipy_stats.t.sf(t, 2))
+    # no worse than +0.1: t against the margin
+    assert p_value(d, "no_worse", 0.1) == pytest.approx(scipy_stats.t.cdf((-0.2 - 0.1) / (0.1 / math.sqrt(3)), 2))
+    # TOST within +-0.25: the larger of P(T >= (m + 0.25) / se) and P(T <= (m - 0.25) / se)
+    se = 0.1 / math.sqrt(3)
+    tost = max(scipy_stats.t.sf((-0.2 + 0.25) / se, 2), scipy_stats.t.cdf((-0.2 - 0.25) / se, 2))
+    assert p_value(d, "equivalent", 0.25) == pytest.approx(tost)
+    assert math.isnan(p_value(stats.interval([1.0]), "lower"))
+    with pytest.raises(ValueError, match="rule must be one of"):
+        p_value(d, "smaller")
+
+
+def test_a_restart_keeps_plan_json_and_refuses_options_that_ask_for_another(tmp_path: Path, pilot) -> None:
+    path = tmp_path / "confirmation" / confirm.PLAN_FILE
+    first = frozen_plan(path, pilot, None, 12, None)
+    written = path.read_bytes()
+
+    def recompute(*args, **kwargs):
+        raise AssertionError("a frozen plan was recomputed")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(confirm, "make_confirmation_plan", recompute)
+        again = frozen_plan(path, pilot, None, None, None)  # no option given: the plan's own
+    assert json.loads(json.dumps(again.to_dict())) == json.loads(written) == json.loads(json.dumps(first.to_dict()))
+    assert path.read_bytes() == written
+    with pytest.raises(ValueError, match=r"frozen .* --max-seeds 5: the plan has 12; --seeds 4: the plan has its own"):
+        frozen_plan(path, pilot, None, 5, 4)
+    with pytest.raises(ValueError, match="--rate is not|--rate 0.01 is not a matched rate"):
+        frozen_plan(path, pilot, 1e-2, None, None)
+    # the pilot changed under the plan: refused, naming both hashes
+    document = json.loads((pilot.folder / "results.json").read_text())
+    document["meta"]["note"] = "edited"
+    (pilot.folder / "results.json").write_text(json.dumps(document))
+    with pytest.raises(ValueError, match="the pilot's results.json changed since the plan was made"):
+        frozen_plan(path, load_pilot(pilot.folder), None, None, None)
+    assert path.read_bytes() == written
+
+
+def test_the_record_round_trips_and_refuses_other_records(tmp_path: Path, pilot, plan: power.Plan) -> None:
+    record = ConfirmationRecord({"kind": confirm.KIND, "tokens_per_step": 64}, plan, confirmation_runs(plan, pilot))
+    document = json.loads(json.dumps(record.to_dict(), default=str))
+    again = ConfirmationRecord.from_dict(document)
+    assert json.dumps(again.plan.to_dict()) == json.dumps(plan.to_dict())  # NaN powers: compared as text
+    assert [r.spec for r in again.runs] == [r.spec for r in record.runs]
+    assert json.loads(json.dumps(again.to_dict(), default=str)) == document
+    family = {t["name"]: t for t in document["family"]}
+    row = family[MEDIAN.format("RMSNorm")]
+    assert row["runs"]["baseline"] == [f"rmsnorm@lr0.003-steps10-s{i}" for i in range(4, 9)]
+    assert row["plan"]["seeds"] == 4 and row["plan"]["status"] == "primary" and row["verdict"] == "confirmed"
+    assert row["p_one_sided"] < row["holm_p"] < 0.05 and row["geometric_mean_ratio_95"]["high"] < 1
+    assert document["paper_claims"][0]["verdict"] == "not confirmed"
+    exploratory = {t["name"]: t for t in document["exploratory"]}
+    assert exploratory[MEDIAN.format("LNS")]["status"] == "infeasible"
+    assert exploratory["BHyT < RMSNorm: magnitude"]["seeds_at_80_percent_power"] >= 3
+    with pytest.raises(ValueError, match="not a confirmation's record"):
+        ConfirmationRecord.from_dict(json.loads((pilot.folder / "results.json").read_text()))
+    with pytest.raises(ValueError, match="is a confirmation's record; rebuild its report with"):
+        StudyRecord.from_dict(document)
+    with pytest.raises(ValueError, match="is a confirmation's folder"):
+        (tmp_path / "c").mkdir()
+        (tmp_path / "c" / "results.json").write_text(json.dumps(document))
+        load_pilot(tmp_path / "c")
+
+
+def test_a_pilot_without_what_the_confirmation_needs_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="cannot read its results.json"):
+        load_pilot(tmp_path / "nowhere")
+    folder = write_pilot(tmp_path / "pilot")
+    document = json.loads((folder / "results.json").read_text())
+    document["design"]["matched_lrs"] = []
+    document["meta"]["command"] = "something else"
+    (folder / "results.json").write_text(json.dumps(document))
+    with pytest.raises(ValueError) as err:
+        load_pilot(folder)
+    assert "it has no matched rate" in str(err.value) and "no study command" in str(err.value)

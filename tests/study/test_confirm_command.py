@@ -1,0 +1,163 @@
+"""``python -m bhyt_pl study confirm`` (``bhyt_pl.study.confirm_command``) end to end on a synthetic pilot, its runs
+trained by a stand-in for ``runner.run_one`` (no model: the study's scheduler and in-process launcher are real):
+the plan is written and printed before the first run, exactly the planned runs train, on seeds above the pilot's,
+the pilot's results.json is untouched, a restart reuses every run and keeps plan.json, ``--report-from`` rebuilds
+the report, ``--plan-only`` writes nothing, and bad arguments fail before any work."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+from study_fixtures import layer_run, write_pilot
+
+from bhyt_pl.study import confirm, main, runner
+from bhyt_pl.study.confirm_command import report_from
+from bhyt_pl.study.runner import RunResult, RunSpec, run_dirname
+
+
+def confirmation_ln(group: str, i: int) -> float:
+    return {"bhyt": 0.6 + 0.02 * (i - 6), "rmsnorm": 2.0, "layernorm": 1.8 + 0.01 * i, "peri_ln": 1.5 - 0.01 * i}[group]
+
+
+@pytest.fixture
+def trained(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Runs "trained" by a stand-in for ``runner.run_one`` that writes its ``result.json`` as the runner does (so a
+    restart reuses it) and checks that the plan was frozen before it."""
+    labels: list[str] = []
+
+    def run_one(spec: RunSpec, datamodule_factory, val_batches, settings, out_dir: Path) -> RunResult:
+        assert (out_dir / confirm.PLAN_FILE).is_file(), "a run started before plan.json was written"
+        assert len(val_batches) == 4 and settings.compile is False  # the pilot's settings
+        labels.append(spec.label)
+        result = layer_run(spec, confirmation_ln(spec.group, spec.seed_index))
+        folder = out_dir / "runs" / run_dirname(spec.label)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "result.json").write_text(json.dumps(result.to_dict(), default=str))
+        return result
+
+    monkeypatch.setattr(runner, "run_one", run_one)
+    return labels
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_confirm_trains_the_planned_runs_and_leaves_the_pilot_alone(
+    tmp_path: Path, trained: list[str], capsys: pytest.CaptureFixture
+) -> None:
+    pilot = write_pilot(tmp_path / "pilot")
+    before = _digest(pilot / "results.json")
+    argv = ["confirm", "--pilot", str(pilot), "--max-seeds", "12", "--workers", "1"]
+    assert main(argv) == 0
+    out = pilot / "confirmation"
+    printed = capsys.readouterr().out
+    assert "Confirmation plan (frozen before any run)" in printed and f"frozen in {out / 'plan.json'}" in printed
+    plan = confirm.load(out).plan
+    specs = confirm.confirmation_specs(plan, confirm.load_pilot(pilot))
+    assert sorted(trained) == sorted(s.label for s in specs) and len(trained) == plan.runs == 20
+    assert all(int(label.rsplit("-s", 1)[1]) >= 4 for label in trained)  # never a pilot seed (0-3)
+    # the pilot's folder: its results.json as it was, and nothing new but the confirmation's own folder
+    assert _digest(pilot / "results.json") == before
+    assert sorted(p.name for p in pilot.iterdir()) == ["confirmation", "results.json"]
+    document = json.loads((out / "results.json").read_text())
+    assert document["meta"]["kind"] == "confirmation" and document["meta"]["pilot_results_sha256"] == before
+    for key in ("command", "wall_seconds", "loadavg_at_start", "loadavg_at_end", "machine", "runs_reused"):
+        assert key in document["meta"], key
+    assert [t["name"] for t in document["family"]] == [t.name for t in plan.primary]
+    for row in document["family"]:
+        labels = row["runs"]["target"] + row["runs"]["baseline"]
+        assert len(labels) == 10 and all(label.endswith(tuple(f"-s{i}" for i in range(4, 9))) for label in labels)
+        assert row["plan"]["status"] == "primary" and row["verdict"] in ("confirmed", "not confirmed")
+        assert 0 <= row["p_one_sided"] <= row["holm_p"] <= 1
+    (claim,) = document["paper_claims"]
+    assert claim["verdict"] == "confirmed" and claim["p_intersection_union"] < 0.05
+    assert {t["status"] for t in document["exploratory"]} >= {"infeasible", "exploratory"}
+    text = (out / "report.md").read_text()
+    for section in (
+        "## The primary family",
+        "## Paper-level claims",
+        "## The frozen plan",
+        "## Exploratory",
+        "## Over training (uncorrected, descriptive)",
+    ):
+        assert section in text, section
+    assert (out / "family_over_training.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # a restart: every run read back, plan.json and the verdicts as they were
+    plan_bytes, report = (out / "plan.json").read_bytes(), text
+    trained.clear()
+    assert main(argv) == 0
+    assert trained == [] and (out / "plan.json").read_bytes() == plan_bytes
+    assert json.loads((out / "results.json").read_text())["meta"]["runs_reused"] == 20
+    assert (out / "report.md").read_text().split("## The primary family")[1] == report.split("## The primary family")[1]
+    # an option that asks for another plan: refused before any work
+    assert main([*argv[:-4], "--max-seeds", "5"]) == 2
+    assert "--max-seeds 5: the plan has 12" in capsys.readouterr().err and trained == []
+
+    # --report-from rebuilds report.md from results.json alone, which it reads and does not write
+    results = (out / "results.json").read_bytes()
+    (out / "report.md").unlink()
+    report_from(out, figures=False)
+    assert (out / "report.md").read_text() == (pilot / "confirmation" / "report.md").read_text()
+    assert main(["confirm", "--report-from", str(out)]) == 0 and (out / "results.json").read_bytes() == results
+    # the study's own --report-from names the command that reads a confirmation's record
+    assert main(["--report-from", str(out)]) == 2
+    assert "study confirm --report-from DIR" in capsys.readouterr().err
+
+
+def test_plan_only_prints_the_plan_and_writes_nothing(tmp_path: Path, trained: list[str], capsys) -> None:
+    pilot = write_pilot(tmp_path / "pilot")
+    assert main(["confirm", "--pilot", str(pilot), "--plan-only", "--out", str(tmp_path / "c")]) == 0
+    printed = capsys.readouterr().out
+    assert "Seeds per group: bhyt 5, rmsnorm 5, layernorm 5, peri_ln 5; 20 runs, seed indices 4..8" in printed
+    assert "(plan not written: --plan-only)" in printed
+    assert not (tmp_path / "c").exists() and trained == []
+
+
+def test_bad_arguments_fail_at_once_naming_each(tmp_path: Path, trained: list[str], capsys) -> None:
+    pilot = write_pilot(tmp_path / "pilot")
+    assert main(["confirm", "--max-seeds", "2", "--seeds", "1", "--workers", "0"]) == 2
+    err = capsys.readouterr().err
+    for expected in (
+        "--pilot DIR is required",
+        "--max-seeds must be >= 3 (the pilot's own count), got 2",
+        "--seeds must be >= 2 (a t-test needs 2 pairs), got 1",
+        "--workers must be >= 1, got 0",
+    ):
+        assert expected in err
+    assert main(["confirm", "--pilot", str(pilot), "--out", str(pilot)]) == 2
+    assert "is the pilot's folder; the confirmation writes into its own" in capsys.readouterr().err
+    assert main(["confirm", "--pilot", str(pilot), "--rate", "0.01"]) == 2
+    assert "--rate 0.01 is not a matched rate of the pilot; its matched rates: 0.003" in capsys.readouterr().err
+    # a pilot whose command no longer gives the data it recorded (the study's defaults changed since)
+    document = json.loads((pilot / "results.json").read_text())
+    document["meta"]["seq_len"] = 64
+    (pilot / "results.json").write_text(json.dumps(document))
+    assert main(["confirm", "--pilot", str(pilot)]) == 2
+    assert "no longer gives its data settings: seq_len 32 where the pilot recorded 64" in capsys.readouterr().err
+    assert trained == [] and not (pilot / "confirmation").exists()
+
+
+@pytest.mark.slow
+def test_confirm_trains_real_runs_with_the_pilots_settings(tmp_path: Path) -> None:
+    """The real runner: each confirmation run is a pilot run's spec on a new seed (a 2-layer model, 3 steps), trained
+    with the pilot's data and validation batches; its statistics feed the verdicts (--seeds 2: 8 runs)."""
+    pilot = write_pilot(tmp_path / "pilot", steps=3, overrides={"n_layers": 2}, trajectory_every=1)
+    argv = ["confirm", "--pilot", str(pilot), "--seeds", "2", "--workers", "1", "--no-compile"]
+    assert main(argv) == 0
+    document = json.loads((pilot / "confirmation" / "results.json").read_text())
+    runs = {r["spec"]["label"]: r for r in document["runs"]}
+    assert sorted(runs) == sorted(
+        f"{g}@lr0.003-steps3-s{i}" for g in ("bhyt", "rmsnorm", "layernorm", "peri_ln") for i in (4, 5)
+    )
+    r = runs["bhyt@lr0.003-steps3-s5"]
+    assert r["status"] == "ok" and r["steps_done"] == 3 and r["n_layers"] == 2
+    assert (r["spec"]["seed"], r["spec"]["data_seed"], r["spec"]["overrides"]) == (47, 47, {"n_layers": 2})
+    assert [p["step"] for p in r["trajectory"]] == [0, 1, 2, 3] and len(r["trajectory"][-1]["median_magnitude"]) == 2
+    for row in document["family"]:
+        assert row["pairs"] == 2 and row["verdict"] in ("confirmed", "not confirmed")
+        assert len(row["over_training"]) == 4
