@@ -21,7 +21,7 @@ from fake_slurm.cluster import FakeSlurm
 from fake_slurm.jobs import expected_loss, quick_run, stepped_run
 
 from bhyt_pl.errors import UsageError
-from bhyt_pl.study.job_records import JobRecord, JobRecords
+from bhyt_pl.study.job_records import JobRecords
 from bhyt_pl.study.launcher import Launcher, RunEvent, RunState
 from bhyt_pl.study.runner import RunSpec
 from bhyt_pl.study.slurm import (
@@ -132,23 +132,7 @@ def test_slurm_without_srun_on_path_names_the_local_alternative(tmp_path: Path, 
         SubmititLauncher(settings(), tmp_path / "study", "study", quick_run)
 
 
-# ----------------------------------------------------------------------------- the record
-def test_records_are_appended_durably_and_a_torn_last_line_is_dropped(tmp_path: Path) -> None:
-    store = JobRecords(tmp_path)
-    store.append([JobRecord("submitted", "a", "7_0", 1, 1.0, spec={"label": "a"}, array="7", throttle=2)])
-    store.append([JobRecord("failed", "a", "7_0", 1, 2.0, error="lost")])
-    with open(store.path, "a") as f:
-        f.write('{"event": "done", "lab')  # a driver killed mid-write
-    assert [(r.event, r.job_id, r.error) for r in store.read()] == [
-        ("submitted", "7_0", None),
-        ("failed", "7_0", "lost"),
-    ]
-    lines = store.path.read_text().splitlines()
-    store.path.write_text("\n".join([lines[0], "not json", lines[1]]) + "\n")
-    with pytest.raises(UsageError, match="jobs.jsonl, line 2: not a job record"):
-        store.read()
-
-
+# ----------------------------------------------------------------------------- the driver
 def test_one_driver_per_study_folder(tmp_path: Path, held: FakeSlurm) -> None:
     first = SubmititLauncher(settings(), tmp_path / "study", "study", quick_run)
     with pytest.raises(UsageError, match=rf"another study driver \(pid {os.getpid()} on .*\) is using"):
