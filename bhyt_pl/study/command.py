@@ -46,9 +46,10 @@ import torch
 
 from bhyt_pl.config import PRESETS, LlamaConfig
 from bhyt_pl.study import report, runner
+from bhyt_pl.study.config_file import expand_config_files
 from bhyt_pl.study.data import StudyData, fixed_batches, unigram_entropy
 from bhyt_pl.study.design import SchemeGroup, StudyDesign, check_disjoint, parse_group, rate_key
-from bhyt_pl.study.local import InlineLauncher, ProcessPoolLauncher
+from bhyt_pl.study.launch import add_launcher_arguments, check_launcher, make_launcher
 from bhyt_pl.study.plan import sweep_specs
 from bhyt_pl.study.protocol import run_all, run_depth_study
 from bhyt_pl.study.results import StudyRecord, load
@@ -273,9 +274,10 @@ def parser() -> argparse.ArgumentParser:
     hw.add_argument(
         "--workers",
         type=int,
-        default=default_workers(),
-        help="runs in parallel, one process with one torch thread each; default: the CPUs this process may use "
-        "(CPU: at most the physical cores); 1: runs one after another in this process",
+        default=None,
+        help="runs in parallel on this machine (--launcher pool), one process each: on CPU one torch thread each, "
+        "default the CPUs this process may use; with a GPU accelerator one GPU each, default the visible GPUs; "
+        "1: runs one after another in this process",
     )
     hw.add_argument(
         "--compile",
@@ -286,6 +288,13 @@ def parser() -> argparse.ArgumentParser:
     )
     hw.add_argument("--threads", type=int, default=None, help="torch CPU threads with --workers 1 (default: torch's)")
     hw.add_argument("--progress-bar", action="store_true", help="show Lightning's progress bar")
+    add_launcher_arguments(p)
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help="a YAML file of options (names as the flags', e.g. lrs: [1.0e-3, 3.0e-3]); flags on the command line "
+        "override it; see recipes/study/",
+    )
     p.add_argument("--out", type=Path, default=None, help="report folder; default runs/study[-sweep][-quick]")
     p.add_argument("--restart", action="store_true", help="retrain every run (default: resume, reusing finished runs)")
     p.add_argument(
@@ -364,7 +373,7 @@ def resolve(args: argparse.Namespace) -> tuple[Budget, dict[str, Any]]:
             problems.append(f"--roles {item!r} must be ROLE=GROUP, e.g. --roles DyT=dyt:alpha_attn=1.0")
     if budget.trajectory_every < 0:
         problems.append(f"--trajectory-every must be >= 0, got {budget.trajectory_every}")
-    if args.workers < 1:
+    if args.workers is not None and args.workers < 1:
         problems.append(f"--workers must be >= 1, got {args.workers}")
     if budget.layers is not None and budget.layers < 1:
         problems.append(f"--layers must be >= 1, got {budget.layers}")
@@ -476,6 +485,7 @@ class StudySetup:
             "schemes": labels,
             "trajectory_every": self.base.trajectory_every,
             "workers": args.workers,
+            "launcher": args.launcher,
             "compile": args.compile,
             "data": f"{args.data_files} (tokenizer {args.tokenizer})",
             "validation": f"{budget.val_batches} fixed batches of {budget.batch_size} x {budget.seq_len}: validation "
@@ -490,7 +500,8 @@ class StudySetup:
 def prepare(argv: Sequence[str] = ()) -> StudySetup:
     """The study ``python -m bhyt_pl study ARGV`` would run, without running it. Bad values raise one
     ``ValueError`` naming the option; an unparsable command line exits as argparse does."""
-    return _setup(parser().parse_args(list(argv)), argv)
+    p = parser()
+    return _setup(p.parse_args(expand_config_files(p, argv)), argv)
 
 
 def _setup(args: argparse.Namespace, argv: Sequence[str]) -> StudySetup:
@@ -504,9 +515,7 @@ def _setup(args: argparse.Namespace, argv: Sequence[str]) -> StudySetup:
     for item in args.roles:
         role, _, group = item.partition("=")
         if role not in DEFAULT_ROLES or group not in labels:
-            raise ValueError(
-                f"--roles {item!r}: ROLE must be one of {sorted(DEFAULT_ROLES)} and GROUP one of {labels}"
-            )
+            raise ValueError(f"--roles {item!r}: ROLE must be one of {sorted(DEFAULT_ROLES)} and GROUP one of {labels}")
         roles[role] = group
     devices: int | str = int(args.devices) if str(args.devices).isdigit() else args.devices
     data_files = None if str(args.data_files).lower() == "none" else args.data_files
@@ -519,7 +528,12 @@ def _setup(args: argparse.Namespace, argv: Sequence[str]) -> StudySetup:
         roles=roles,
         base=_base_spec(args, budget, overrides),
         data=StudyData(
-            data_files, args.data_path, args.tokenizer, budget.seq_len, budget.batch_size, args.num_workers,
+            data_files,
+            args.data_path,
+            args.tokenizer,
+            budget.seq_len,
+            budget.batch_size,
+            args.num_workers,
             args.shuffle_buffer,
         ),  # fmt: skip
         settings=TrainerSettings(
@@ -556,10 +570,14 @@ def main(argv: list[str] | None = None) -> int:
     from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    p = parser()
     try:
-        args = parser().parse_args(argv)
+        args = p.parse_args(expand_config_files(p, argv))
     except SystemExit as exc:  # argparse already printed the message
         return int(exc.code or 0)
+    except ValueError as exc:  # a --config file that cannot be read or names no option
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         if args.report_from is not None:
@@ -567,13 +585,16 @@ def main(argv: list[str] | None = None) -> int:
             log.info("report rebuilt from %s: %s", paths["results"], paths["report"])
             return 0
         setup = _setup(args, argv)
+        workers = check_launcher(args)  # bad workers, devices or cluster settings: before any work
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    out, base = setup.out, setup.base
+    # a cluster's jobs find the study folder from another node's working directory
+    out, base = (setup.out if args.launcher == "pool" else setup.out.absolute()), setup.base
     meta = setup.meta()
+    meta["workers"] = workers
     started = time.perf_counter()
     batches = setup.validation_batches()
     unigram = unigram_entropy(setup.data(base.data_seed), batches, 32, setup.config.vocab_size)
@@ -581,11 +602,27 @@ def main(argv: list[str] | None = None) -> int:
     run = partial(
         runner.run_one, datamodule_factory=setup.data, val_batches=batches, settings=setup.settings, out_dir=out
     )
-    launcher = InlineLauncher(run) if args.workers == 1 else ProcessPoolLauncher(run, args.workers)
-    scheduler = Scheduler(launcher, out, resume=not args.restart)
+    try:
+        launcher = make_launcher(args, run, out, workers)
+    except ValueError as exc:  # another driver holds the study folder; SLURM's tools missing
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     results: list[RunResult] = []
     design = setup.design()
     record = StudyRecord(meta, results, design)
+    shown: dict[str, Any] = {"counts": None, "at": -math.inf}
+
+    def on_change(counts: dict[str, int]) -> None:
+        # a cluster's runs queue and start long before one finishes: show the counts when they change, at most
+        # every 10 s (a result is shown at once, by on_result)
+        now = time.perf_counter()
+        if counts != shown["counts"] and now - shown["at"] >= 10:
+            shown.update(counts=counts, at=now)
+            final = design is None or design.complete
+            log.info(progress_line(counts["done"], scheduler.submitted, now - started, len(scheduler.reused), final,
+                                   counts))  # fmt: skip
+
+    scheduler = Scheduler(launcher, out, resume=not args.restart, on_change=on_change)
 
     def on_result(result: RunResult) -> None:
         results.append(result)
@@ -593,7 +630,9 @@ def main(argv: list[str] | None = None) -> int:
         # the study plans as it goes (extensions, then the matched arm once every group is selected): the count is
         # final for a sweep, and for the study once every group's selection is done
         final = design is None or design.complete
-        log.info(progress_line(len(results), scheduler.submitted, elapsed, len(scheduler.reused), final))
+        counts = scheduler.counts()
+        shown.update(counts=counts, at=time.perf_counter())
+        log.info(progress_line(len(results), scheduler.submitted, elapsed, len(scheduler.reused), final, counts))
         log.info(
             "  %s: %s, train loss %.4f, val loss %.4f, %.0f s",
             result.spec.label,
@@ -612,6 +651,12 @@ def main(argv: list[str] | None = None) -> int:
             results[:] = run_all(specs, scheduler, on_result)
         else:
             results[:] = run_depth_study(design, base, scheduler, on_result, matched_lrs=args.matched_lrs)
+    except KeyboardInterrupt:
+        where = "this machine's workers stop" if args.launcher == "pool" else "its queued and running jobs go on"
+        log.warning("study interrupted: %s; the same command resumes it, reusing every finished run", where)
+        interrupted = True
+    else:
+        interrupted = False
     finally:  # figures once, at the end or on an interrupt, for the runs that finished
         launcher.close()
         meta["wall_seconds"] = round(time.perf_counter() - started, 1)
@@ -620,7 +665,12 @@ def main(argv: list[str] | None = None) -> int:
         if rank_zero_only.rank == 0 and results:
             paths = report.write_report(out, record)
             log.info("study finished in %.0f s; report: %s", meta["wall_seconds"], paths["report"])
-    return 1 if any(r.status == "error" for r in results) else 0
+    if interrupted:
+        return 130
+    failed = [r.spec.label for r in results if r.status == "error"]
+    if failed:
+        log.error("study: %d run(s) failed (listed in the report): %s", len(failed), ", ".join(failed))
+    return 1 if failed else 0
 
 
 def report_from(folder: Path, figures: bool = True) -> dict[str, Path]:

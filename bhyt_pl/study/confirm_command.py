@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from bhyt_pl.study import power, runner
-from bhyt_pl.study.command import StudySetup, _loadavg, default_workers, prepare
+from bhyt_pl.study.command import StudySetup, _loadavg, prepare
 from bhyt_pl.study.confirm import (
     COMMAND_PREFIX,
     KIND,
@@ -43,7 +43,7 @@ from bhyt_pl.study.confirm import (
     make_confirmation_plan,
 )
 from bhyt_pl.study.confirm_report import write_report
-from bhyt_pl.study.local import InlineLauncher, ProcessPoolLauncher
+from bhyt_pl.study.launch import add_launcher_arguments, check_launcher, make_launcher
 from bhyt_pl.study.protocol import run_all
 from bhyt_pl.study.runner import RunResult, TrainerSettings
 from bhyt_pl.study.scheduler import Scheduler, progress_line
@@ -109,7 +109,9 @@ def parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="rebuild DIR/report.md and its figures from DIR/results.json alone; every other option is ignored",
     )
-    hw = p.add_argument_group("hardware (default: the pilot's command, but --workers: the CPUs this process may use)")
+    hw = p.add_argument_group(
+        "hardware (default: the pilot's command, but --workers: the CPUs this process may use, or its visible GPUs)"
+    )
     hw.add_argument(
         "--workers", type=int, default=None, help="runs in parallel, one process with one torch thread each"
     )
@@ -119,6 +121,7 @@ def parser() -> argparse.ArgumentParser:
     hw.add_argument("--precision", default=None, help="32-true, bf16-mixed, ...")
     hw.add_argument("--threads", type=int, default=None, help="torch CPU threads with --workers 1 (default: torch's)")
     hw.add_argument("--progress-bar", action="store_true", help="show Lightning's progress bar")
+    add_launcher_arguments(p)
     return p
 
 
@@ -214,7 +217,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     pilot_settings = replace(setup.settings, compile=bool(pilot.record.meta.get("compile", setup.settings.compile)))
     settings = _settings(pilot_settings, args)
-    workers = args.workers if args.workers is not None else default_workers()
+    launch_args = argparse.Namespace(**{**vars(args), "accelerator": settings.accelerator})
+    try:
+        workers = check_launcher(launch_args)  # bad workers, devices or cluster settings: before any run
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    out = out if args.launcher == "pool" else out.absolute()  # a cluster's jobs run from other directories
     specs = confirmation_specs(plan, pilot)
     meta = {
         "kind": KIND,
@@ -231,6 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "runs_planned": len(specs),
         "seed_indices": sorted({spec.seed_index for spec in specs}),
         "workers": workers,
+        "launcher": args.launcher,
         "compile": settings.compile,
         "loadavg_at_start": _loadavg(),
         "machine": machine_info(torch.device("cuda" if settings.accelerator in ("gpu", "cuda") else "cpu")),
@@ -243,7 +253,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings=settings,
         out_dir=out,
     )
-    launcher = InlineLauncher(run) if workers == 1 else ProcessPoolLauncher(run, workers)
+    try:
+        launcher = make_launcher(launch_args, run, out, workers)
+    except ValueError as exc:  # another driver holds the folder; SLURM's tools missing
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     scheduler = Scheduler(launcher, out, resume=not args.restart)
     results: list[RunResult] = []
     record = ConfirmationRecord(meta, plan, results)
@@ -251,7 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def on_result(result: RunResult) -> None:
         results.append(result)
         elapsed = time.perf_counter() - started
-        log.info(progress_line(len(results), len(specs), elapsed, len(scheduler.reused)))
+        log.info(progress_line(len(results), len(specs), elapsed, len(scheduler.reused), counts=scheduler.counts()))
         log.info(
             "  %s: %s, val loss %.4f, %.0f s", result.spec.label, result.status, result.val_loss, result.wall_seconds
         )

@@ -27,7 +27,7 @@ from bhyt_pl.study.figures import (
     sweep_figure,
     trajectory_figure,
 )
-from bhyt_pl.study.markdown import num
+from bhyt_pl.study.markdown import markdown_table, num
 from bhyt_pl.study.plan import SELECTION_SEED
 from bhyt_pl.study.results import StudyRecord
 from bhyt_pl.study.runner import RunResult
@@ -162,6 +162,24 @@ def verdict_counts(items: Sequence[ClaimResult]) -> list[str]:
     return lines
 
 
+def failed_runs_lines(results: Sequence[RunResult]) -> list[str]:
+    """A section naming every run that failed with an error (its tries spent, on a cluster), with the error's first
+    line: nothing when none did. Diverged runs are results, not failures, and are shown in the tables."""
+    failed = [r for r in results if r.status == "error"]
+    if not failed:
+        return []
+    rows = [[f"`{r.spec.label}`", (r.error or "no error recorded").strip().splitlines()[-1][:300]] for r in failed]
+    return [
+        f"## Failed runs ({len(failed)} of {len(results)})",
+        "",
+        "These runs ended with an error and no result; every table leaves them out. Running the same command again "
+        "retrains them (finished runs are reused).",
+        "",
+        markdown_table(["run", "error"], rows),
+        "",
+    ]
+
+
 def write_report(out: Path, record: StudyRecord, figures: bool = True, save: bool = True) -> dict[str, Path]:
     """``results.json`` (``record`` with every claim's tests and run labels; not when ``save`` is False),
     ``report.md`` and (``figures``) the PNGs under ``out``."""
@@ -189,6 +207,7 @@ def write_report(out: Path, record: StudyRecord, figures: bool = True, save: boo
     lines.append(f"- layers: {meta['n_layers_label']}; config overrides: {meta.get('overrides') or 'none'}")
     lines.append("- machine: " + ", ".join(f"{k} {v}" for k, v in meta["machine"].items()))
     lines.append("")
+    lines += failed_runs_lines(record.runs)
     if sweep:
         if figures:
             paths["grid"] = save_figure(sweep_figure(record.runs, max_loss), out / "sweep_grid.png")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 
@@ -40,12 +40,20 @@ class Scheduler:
         launcher: what trains the runs (``InlineLauncher``, ``ProcessPoolLauncher``, a cluster's).
         out: the study folder; a run's stored result is ``out/runs/<label>/result.json``.
         resume: read back runs that finished with the same spec instead of training them again.
+        on_change: called with ``counts()`` whenever a run the launcher trains changes state (queued, running,
+            done, failed): a cluster's driver shows its progress while no run finishes for a long time.
     """
 
-    def __init__(self, launcher: Launcher, out: Path, resume: bool) -> None:
+    def __init__(
+        self,
+        launcher: Launcher,
+        out: Path,
+        resume: bool,
+        on_change: Callable[[dict[str, int]], None] | None = None,
+    ) -> None:
         if not isinstance(launcher, Launcher):
             raise TypeError(f"launcher must implement start, poll and close (Launcher), got {type(launcher).__name__}")
-        self.launcher, self.out, self.resume = launcher, out, resume
+        self.launcher, self.out, self.resume, self.on_change = launcher, out, resume, on_change
         self.pending: dict[str, RunSpec] = {}  # submitted and not yet handed back, by label in submission order
         self.states: dict[str, RunState] = {}  # the last state the launcher reported for each run it trains
         self.reused: list[str] = []
@@ -55,6 +63,20 @@ class Scheduler:
     @property
     def submitted(self) -> int:
         return len(self.labels)
+
+    @property
+    def failed(self) -> list[str]:
+        """The runs the launcher reported failed (their tries spent), in the order it did."""
+        return [label for label, state in self.states.items() if state is RunState.FAILED]
+
+    def counts(self) -> dict[str, int]:
+        """How many submitted runs are queued, running, done (reused ones included) and failed now. A run whose
+        result says ``status: "error"`` is failed, whatever the launcher reported."""
+        counts = dict.fromkeys(("queued", "running", "done", "failed"), 0)
+        counts["done"] = len(self.reused)
+        for state in self.states.values():
+            counts[_COUNTED[state]] += 1
+        return counts
 
     def submit(self, specs: Iterable[RunSpec]) -> list[RunSpec]:
         """Submits the specs not submitted before and returns them; the ones to train start on the launcher."""
@@ -99,17 +121,35 @@ class Scheduler:
                     continue
                 self.states[label] = event.state
                 if event.state is RunState.DONE and event.result is not None:
+                    if event.result.status == "error":
+                        self.states[label] = RunState.FAILED
                     self._ready.append(event.result)
                 elif event.state in (RunState.DONE, RunState.FAILED):
+                    self.states[label] = RunState.FAILED
                     error = event.error or "the launcher reported it done without a result"
                     self._ready.append(RunResult(spec=self.pending[label], status="error", error=error))
+            if self.on_change is not None:
+                self.on_change(self.counts())
 
 
-def progress_line(done: int, total: int, elapsed: float, reused: int = 0, final: bool = True) -> str:
+_COUNTED = {RunState.QUEUED: "queued", RunState.RUNNING: "running", RunState.DONE: "done", RunState.FAILED: "failed"}
+
+
+def progress_line(
+    done: int,
+    total: int,
+    elapsed: float,
+    reused: int = 0,
+    final: bool = True,
+    counts: dict[str, int] | None = None,
+) -> str:
     """``run k of N`` and the time left, from this invocation's pace (runs reused from a previous one take
     no time, so they are left out of the pace). ``final=False`` while the protocol may still add runs (grid
-    extensions, the matched arm): ``N`` and the time left are then lower bounds and say so."""
+    extensions, the matched arm): ``N`` and the time left are then lower bounds and say so. ``counts``
+    (``Scheduler.counts``) adds how many runs are running, queued and failed."""
     line = f"study: run {done} of {'' if final else 'at least '}{total} done"
+    if counts is not None:
+        line += f" ({counts['running']} running, {counts['queued']} queued, {counts['failed']} failed)"
     fresh = done - reused
     if done < total and fresh > 0:
         left = elapsed / fresh * (total - done)
