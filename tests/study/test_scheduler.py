@@ -118,3 +118,35 @@ def test_progress_line_says_run_k_of_n_and_the_time_left() -> None:
     # while the protocol may still add runs (grid extensions, the matched arm) both figures are lower bounds
     line = progress_line(3, 10, 60.0, final=False)
     assert line == "study: run 3 of at least 10 done; about 2.3 min left (at least)"
+
+
+def test_counts_follow_each_report_and_an_error_result_counts_as_failed(tmp_path: Path) -> None:
+    """What a cluster's driver shows between results: queued, running, done (reused included) and failed."""
+
+    def error_result(s):
+        return [RunEvent(s["b"], RunState.DONE, result=RunResult(s["b"], status="error", error="CUDA out of memory"))]
+
+    script = [
+        lambda s: [RunEvent(s["a"], RunState.RUNNING)],
+        lambda s: [RunEvent(s["b"], RunState.RUNNING), RunEvent(s["c"], RunState.FAILED, error="lost")],
+        error_result,  # the job ended well, the run did not
+        done("a", 1.0),
+    ]
+    reused = RunSpec(label="r", norm="rmsnorm")
+    run_dir = tmp_path / "runs" / run_dirname("r")
+    run_dir.mkdir(parents=True)
+    (run_dir / "result.json").write_text(json.dumps(RunResult(reused, val_loss=0.5).to_dict()))
+    seen: list[dict[str, int]] = []
+    scheduler = Scheduler(ScriptedLauncher(script), tmp_path, resume=True, on_change=seen.append)
+    scheduler.submit([reused, *_specs("a", "b", "c")])
+    assert scheduler.counts() == {"queued": 3, "running": 0, "done": 1, "failed": 0}
+    results = list(scheduler.finished())
+    assert seen == [
+        {"queued": 2, "running": 1, "done": 1, "failed": 0},
+        {"queued": 0, "running": 2, "done": 1, "failed": 1},
+        {"queued": 0, "running": 1, "done": 1, "failed": 2},
+        {"queued": 0, "running": 0, "done": 2, "failed": 2},
+    ]
+    assert scheduler.failed == ["b", "c"] and [r.status for r in results] == ["ok", "error", "error", "ok"]
+    line = progress_line(2, 4, 10.0, reused=1, counts=scheduler.counts())
+    assert line.startswith("study: run 2 of 4 done (0 running, 0 queued, 2 failed)")

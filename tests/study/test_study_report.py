@@ -3,6 +3,7 @@ alone, byte for byte, and the sections a fresh record's report holds."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -67,3 +68,19 @@ def test_a_records_report_has_every_section_and_its_results_hold_the_claims(tmp_
     assert [c["groups"] for c in document["claims"]][:1] == [{"target": "a", "baseline": "b"}]
     assert document["claims_not_tested"] and len(document["runs"]) == len(results)
     assert not (tmp_path / "depth_final.png").exists()  # figures=False
+
+
+def test_failed_runs_get_a_section_naming_each_with_its_error(tmp_path: Path) -> None:
+    results, design = synthetic_set()
+    failed = [
+        dataclasses.replace(results[0], status="error", error="Traceback ...\nRuntimeError: CUDA | out of memory")
+    ]
+    failed.append(dataclasses.replace(results[1], status="error", error=None))
+    rest = results[2:]
+    text = write_report(tmp_path, StudyRecord(dict(META), failed + rest, design), figures=False)["report"].read_text()
+    head = text.split("## Design")[0]
+    assert f"## Failed runs (2 of {len(results)})" in head
+    assert f"| `{results[0].spec.label}` | RuntimeError: CUDA \\| out of memory |" in head  # the last line, escaped
+    assert f"| `{results[1].spec.label}` | no error recorded |" in head
+    clean = write_report(tmp_path / "clean", StudyRecord(dict(META), results, design), figures=False)["report"]
+    assert "## Failed runs" not in clean.read_text()
