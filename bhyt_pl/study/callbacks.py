@@ -68,6 +68,7 @@ class DivergenceMonitor(L.Callback):
             self.diverged_step, self.diverged_loss = step, value
             trainer.should_stop = True
 
+
 class TrajectoryRecorder(L.Callback):
     """Depth statistics and validation loss on fixed batches (eval mode, no gradients) every ``every_n_steps``
     optimizer steps.
@@ -90,6 +91,7 @@ class TrajectoryRecorder(L.Callback):
         step = trainer.global_step
         if step % self.every_n_steps == 0 and step < trainer.max_steps and not trainer.should_stop:
             self.points.append(trajectory_point(step, depth_statistics(pl_module, self.batches)))
+
 
 class MemoryLogger(Logger):
     """Keeps every logged metric in memory (``metrics[name] = [(step, value), ...]``): the study reads

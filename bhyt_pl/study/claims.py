@@ -51,6 +51,7 @@ __all__ = [
 
 ARMS = ("best", "matched")
 
+
 @dataclass(frozen=True)
 class ClaimSpec:
     """One claim: a row of ``CLAIMS``.

@@ -32,7 +32,6 @@ import argparse
 import ast
 import logging
 import math
-import os
 import shlex
 import sys
 import time
@@ -308,14 +307,6 @@ def parser() -> argparse.ArgumentParser:
     for flag in REMOVED_FLAGS:
         p.add_argument(flag, action=_Removed, help=argparse.SUPPRESS)
     return p
-
-
-def default_workers() -> int:
-    """The CPUs this process may run on (its affinity, which containers and ``taskset`` narrow), one run each."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # no sched_getaffinity (macOS, Windows)
-        return max(1, os.cpu_count() or 1)
 
 
 def _literal(text: str) -> Any:

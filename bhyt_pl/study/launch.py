@@ -139,7 +139,7 @@ def check_launcher(args: argparse.Namespace) -> int:
     jobs run alone). Bad values raise one ``UsageError`` naming the flag."""
     if cluster_settings(args) is not None:
         return 1
-    return local_workers(args.accelerator, args.workers)[0]
+    return local_workers(args.accelerator, args.workers, args.devices)[0]
 
 
 def study_name(out: Path) -> str:
@@ -162,7 +162,7 @@ def make_launcher(
     """
     settings = cluster_settings(args)
     if settings is None:
-        count, devices = local_workers(args.accelerator, workers)
+        count, devices = local_workers(args.accelerator, workers, args.devices)
         if count == 1:  # in this process; with a GPU accelerator its run takes the first visible GPU
             return InlineLauncher(run)
         return ProcessPoolLauncher(run, count, devices=devices)

@@ -36,6 +36,7 @@ __all__ = [
     "variance_bound",
 ]
 
+
 def trajectory_statistics() -> tuple[LayerStatistic, ...]:
     """The registered statistics a trajectory point records (declared ``trajectory=True``)."""
     return tuple(s for s in statistics() if s.trajectory)
@@ -125,6 +126,7 @@ def stability_summary(metrics: dict[str, list[tuple[int, float]]], n_layers: int
         "steps": by_step,
     }
 
+
 class _SkipBlock(nn.Module):
     """A block replaced by the identity: returns its input (the residual stream passes unchanged)."""
 
@@ -191,6 +193,7 @@ def layer_importance(module: LlamaLM, batches: list[dict[str, torch.Tensor]]) ->
         return base, [t / max(count, 1) - base for t in totals]
     finally:
         model.train(was_training)
+
 
 def variance_bound(module: LlamaLM) -> dict[str, Any] | None:
     """The scheme's ``variance_bound`` diagnostic (BHyT: ``lambda/kappa < 1/sqrt(L)`` at the initial and the

@@ -344,9 +344,7 @@ def approximation_table(runs: StudyRuns, design: StudyDesign, reference: str | N
     def has_ratio(seeds: Sequence[RunResult]) -> bool:
         return any(k.startswith("bhyt_moment_ratio/") for r in seeds for k in r.depth_final)
 
-    family = [
-        g for g in design.groups if g.label == reference or has_ratio(design.evaluation_runs(runs, g.label))
-    ]
+    family = [g for g in design.groups if g.label == reference or has_ratio(design.evaluation_runs(runs, g.label))]
     if not family:
         return "(no group with an approximated statistic)"
     lrs = design.matched_lrs if reference else ()

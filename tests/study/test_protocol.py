@@ -24,6 +24,7 @@ from bhyt_pl.study.scheduler import Scheduler
 
 GRID = (1e-3, 3e-3, 1e-2)
 
+
 def fake_runner(loss: Callable[[RunSpec], float], out: Path, trained: list[str]) -> Callable[[RunSpec], RunResult]:
     """A run function that writes ``result.json`` as ``run_one`` does, with the validation loss ``loss(spec)``."""
 
@@ -219,7 +220,7 @@ def _fields(spec: dict) -> dict:
 
 
 def test_run_all_trains_a_fixed_list_once_and_returns_it_in_order(tmp_path: Path) -> None:
-    specs = [replace(BASE, label=f"r{i}", lr=10.0 ** -i) for i in (3, 1, 2)]
+    specs = [replace(BASE, label=f"r{i}", lr=10.0**-i) for i in (3, 1, 2)]
     trained: list[str] = []
     seen: list[str] = []
     scheduler = Scheduler(InlineLauncher(fake_runner(v_loss(1e-2), tmp_path, trained)), tmp_path, resume=True)

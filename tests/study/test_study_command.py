@@ -264,12 +264,16 @@ def test_help_shows_seeds_lrs_and_workers() -> None:
 
 
 def test_workers_default_to_the_cpus_this_process_may_use(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(command.os, "sched_getaffinity", lambda pid: {0, 3, 5}, raising=False)
-    assert command.default_workers() == 3
-    assert command.parser().parse_args([]).workers == 3
-    monkeypatch.delattr(command.os, "sched_getaffinity")
-    monkeypatch.setattr(command.os, "cpu_count", lambda: None)
-    assert command.default_workers() == 1
+    from bhyt_pl.study import local
+    from bhyt_pl.study.launch import check_launcher
+
+    monkeypatch.setattr(local.os, "sched_getaffinity", lambda pid: {0, 3, 5}, raising=False)
+    assert command.parser().parse_args([]).workers is None  # decided by the launcher: CPUs here, GPUs with one
+    assert check_launcher(command.parser().parse_args([])) == 3
+    assert check_launcher(command.parser().parse_args(["--workers", "2"])) == 2
+    monkeypatch.delattr(local.os, "sched_getaffinity")
+    monkeypatch.setattr(local.os, "cpu_count", lambda: None)
+    assert check_launcher(command.parser().parse_args([])) == 1
 
 
 def test_compile_flag_defaults_and_switches() -> None:
