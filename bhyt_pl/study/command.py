@@ -604,14 +604,14 @@ def main(argv: list[str] | None = None) -> int:
     shown: dict[str, Any] = {"counts": None, "at": -math.inf}
 
     def on_change(counts: dict[str, int]) -> None:
-        # a cluster's runs queue and start long before one finishes: show the counts when they change, at most
-        # every 10 s (a result is shown at once, by on_result)
-        now = time.perf_counter()
-        if counts != shown["counts"] and now - shown["at"] >= 10:
-            shown.update(counts=counts, at=now)
+        # a cluster's runs queue and start long before one finishes: show how many are queued and running when that
+        # changes, at most every 10 s (results are shown as they are handed back, by on_result)
+        now, waiting = time.perf_counter(), (counts["queued"], counts["running"])
+        if waiting != shown["counts"] and waiting != (0, 0) and now - shown["at"] >= 10:
+            shown.update(counts=waiting, at=now)
             final = design is None or design.complete
-            log.info(progress_line(counts["done"], scheduler.submitted, now - started, len(scheduler.reused), final,
-                                   counts))  # fmt: skip
+            line = progress_line(len(results), scheduler.submitted, now - started, len(scheduler.reused), final, counts)
+            log.info(line)
 
     scheduler = Scheduler(launcher, out, resume=not args.restart, on_change=on_change)
 
@@ -622,7 +622,7 @@ def main(argv: list[str] | None = None) -> int:
         # final for a sweep, and for the study once every group's selection is done
         final = design is None or design.complete
         counts = scheduler.counts()
-        shown.update(counts=counts, at=time.perf_counter())
+        shown.update(counts=(counts["queued"], counts["running"]), at=time.perf_counter())
         log.info(progress_line(len(results), scheduler.submitted, elapsed, len(scheduler.reused), final, counts))
         log.info(
             "  %s: %s, train loss %.4f, val loss %.4f, %.0f s",

@@ -616,6 +616,8 @@ class SubmititLauncher:
             jobs = self.executor.map_array(self.function, [run.spec for run in batch])
         except (FailedJobError, FailedSubmissionError, OSError) as exc:
             raise RuntimeError(f"submitting {count} study run(s) failed: {exc}") from exc
+        with contextlib.suppress(OSError):  # submitit leaves its folder template ("%j") as an empty folder
+            (self.folder / "jobs" / "%j").rmdir()
         array = jobs[0].job_id.split("_")[0] if "_" in jobs[0].job_id else None
         for run, job in zip(batch, jobs, strict=True):
             run.attempts += 1
