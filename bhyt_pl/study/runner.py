@@ -18,6 +18,13 @@ runs follow one another in one process. What a run measures:
 - layer importance at the end (``bhyt_pl.study.measure.layer_importance``);
 - divergence: ``DivergenceMonitor`` stops the fit at the first optimizer step whose loss is NaN/inf or
   above ``max_loss``; the step and loss are recorded and the logs written so far are kept.
+
+A run writes ``runs/<label>/result.json`` atomically (whole or absent) when it ends. A run whose job is asked to
+stop (preemption, time limit: ``bhyt_pl.study.preemption``) writes no result: it saves ``runs/<label>/last.ckpt``
+at the end of its current step (Lightning's state, the data's position, every callback's state, the in-memory
+metrics and the initial depth statistics) and raises ``RunPreempted``; run again with the same spec, it resumes
+there and records what an uninterrupted run records, timings excepted (``run_one``). The CSV metrics of the
+tries before a resume stay beside the new ones (``logs/metrics.until-step-<N>.csv``).
 """
 
 from __future__ import annotations
