@@ -6,11 +6,8 @@ from __future__ import annotations
 
 import json
 import math
-import signal
-import time
 from collections.abc import Iterator
 from dataclasses import asdict, replace
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +16,6 @@ import torch
 
 from bhyt_pl.study import command, runner, slurm
 from bhyt_pl.study.callbacks import DivergenceMonitor
-from bhyt_pl.study.launcher import RunState
 from bhyt_pl.study.preemption import RunCheckpointOnPreemption, RunPreempted, preemption_requested, saved_run_state
 from bhyt_pl.study.runner import RunResult, RunSpec, TrainerSettings, run_dirname, run_one
 
@@ -147,46 +143,3 @@ def test_a_checkpoint_of_another_spec_is_not_resumed_by_the_run(
     assert not (run_dir / "last.ckpt").exists()
     assert result.wall_seconds < 12.5  # no earlier try's seconds added
     assert result.depth_init != {"magnitude/layer_00": 1.5}  # measured, not read from the other spec's file
-
-
-@pytest.mark.slow
-def test_a_local_job_of_the_real_run_preempted_mid_training_resumes_to_the_uninterrupted_result(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """submitit's local executor runs ``run_one``; USR2 to the job's task while it trains (its CSV logger has
-    started): the run saves at a step end, submitit restarts the task, and the run resumes to the same result."""
-    import psutil
-
-    from bhyt_pl.study.slurm import ClusterSettings, SubmititLauncher
-
-    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[2]))  # the job imports this checkout
-    setup = command.prepare(["--quick", "--seq-len", "32", "--batch-size", "2", "--shuffle-buffer", "4"])
-    batches = setup.validation_batches()[:1]
-    spec = replace(SPEC, steps=40, trajectory_every=10, stability_every=10, spike_window=8, importance=False)
-    settings = TrainerSettings(log_every_n_steps=5)
-    run = partial(run_one, datamodule_factory=setup.data, val_batches=batches, settings=settings, out_dir=tmp_path)
-    logs = tmp_path / "runs" / run_dirname(spec.label) / "logs"
-    cluster = ClusterSettings(cluster="local", timeout_min=10, poll_interval_s=0.2, result_wait_s=1.0)
-    with SubmititLauncher(cluster, tmp_path / "study", "s", run) as launcher:
-        try:
-            launcher.start([spec])
-            deadline = time.monotonic() + 120
-            while not (logs / "hparams.yaml").exists():  # the fit has begun
-                assert time.monotonic() < deadline, "the job did not start training within 120 s"
-                time.sleep(0.05)
-            (job,) = [p for p in (tmp_path / "study" / "jobs").iterdir() if p.name.isdigit()]
-            (task,) = psutil.Process(int(job.name)).children()  # submitit's controller runs the task
-            task.send_signal(signal.SIGUSR2)
-            events: list = []
-            while not events or events[-1].state not in (RunState.DONE, RunState.FAILED):
-                assert time.monotonic() < deadline + 120, f"no result: {[e.state for e in events]}"
-                events += launcher.poll(1.0)
-        finally:
-            launcher.cancel()
-    result = events[-1].result
-    assert events[-1].state == RunState.DONE and result.status == "ok", events[-1].error
-    (earlier,) = logs.glob("metrics.until-step-*.csv")  # the first try's metrics, kept by the resumed one
-    step = int(earlier.stem.rsplit("-", 1)[1])
-    assert 1 <= step < spec.steps
-    reference = run_one(spec, setup.data, batches, settings, tmp_path / "reference")
-    assert _comparable(result) == _comparable(reference)
