@@ -69,7 +69,7 @@ from submitit.slurm.slurm import SlurmInfoWatcher
 from bhyt_pl.errors import UsageError
 from bhyt_pl.study.job_records import Event, JobRecord, JobRecords
 from bhyt_pl.study.launcher import RunEvent, RunState
-from bhyt_pl.study.preemption import _PREEMPTED, RunPreempted, preemption_requested
+from bhyt_pl.study.preemption import _PREEMPTED, RunPreempted, preemption_requested  # the run reads them too
 from bhyt_pl.validation import raise_if_problems
 
 if TYPE_CHECKING:
