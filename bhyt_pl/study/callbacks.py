@@ -23,7 +23,8 @@ class DivergenceMonitor(L.Callback):
 
     A step diverges when its loss is NaN, infinite or above ``max_loss``. The fit then stops through
     ``trainer.should_stop`` (a normal end: loggers flush and close, nothing raises), so the run keeps
-    its partial logs and the study goes on with the next run.
+    its partial logs and the study goes on with the next run. ``state_dict`` carries the losses, tokens and
+    training seconds so far: a resumed fit adds its own to them.
 
     Args:
         max_loss: the bound (the initial loss of a ``V``-token vocabulary is about ``ln V``).
@@ -42,7 +43,11 @@ class DivergenceMonitor(L.Callback):
         self.diverged_loss: float | None = None
         self.tokens = 0
         self.train_seconds = 0.0
+        self._seconds_before = 0.0  # training seconds of the earlier tries this fit resumed
         self._started: float | None = None
+
+    def _seconds(self) -> float:
+        return self._seconds_before + (time.perf_counter() - self._started if self._started is not None else 0.0)
 
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -51,7 +56,24 @@ class DivergenceMonitor(L.Callback):
     @override
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._started is not None:
-            self.train_seconds = time.perf_counter() - self._started
+            self.train_seconds = self._seconds()
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "losses": list(self.losses),
+            "diverged_step": self.diverged_step,
+            "diverged_loss": self.diverged_loss,
+            "tokens": self.tokens,
+            "train_seconds": self._seconds(),
+        }
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.losses = [(int(step), float(loss)) for step, loss in state_dict["losses"]]
+        self.diverged_step, self.diverged_loss = state_dict["diverged_step"], state_dict["diverged_loss"]
+        self.tokens = int(state_dict["tokens"])
+        self._seconds_before = self.train_seconds = float(state_dict["train_seconds"])
 
     @override
     def on_train_batch_end(
@@ -75,7 +97,8 @@ class TrajectoryRecorder(L.Callback):
 
     Args:
         batches: the fixed batches the statistics are measured on (the same in every run of a study).
-        every_n_steps: the cadence; the points are ``trajectory_point`` records in ``points``.
+        every_n_steps: the cadence; the points are ``trajectory_point`` records in ``points`` (its ``state_dict``:
+            a resumed fit goes on from them).
     """
 
     def __init__(self, batches: list[dict[str, torch.Tensor]], every_n_steps: int) -> None:
@@ -92,10 +115,19 @@ class TrajectoryRecorder(L.Callback):
         if step % self.every_n_steps == 0 and step < trainer.max_steps and not trainer.should_stop:
             self.points.append(trajectory_point(step, depth_statistics(pl_module, self.batches)))
 
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"points": list(self.points)}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.points[:] = state_dict["points"]  # in place: the run may hold the list
+
 
 class MemoryLogger(Logger):
     """Keeps every logged metric in memory (``metrics[name] = [(step, value), ...]``): the study reads
-    StabilityMonitor's columns from here instead of parsing CSV files."""
+    StabilityMonitor's columns from here instead of parsing CSV files. ``state_dict``/``load_state_dict`` carry
+    them across a preempted run's tries (a logger is not a callback: ``RunCheckpointOnPreemption`` saves them)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -119,3 +151,9 @@ class MemoryLogger(Logger):
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         for key, value in metrics.items():
             self.metrics.setdefault(key, []).append((int(step or 0), float(value)))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"metrics": {key: list(values) for key, values in self.metrics.items()}}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.metrics = {key: [(int(s), float(v)) for s, v in values] for key, values in state_dict["metrics"].items()}

@@ -18,6 +18,13 @@ runs follow one another in one process. What a run measures:
 - layer importance at the end (``bhyt_pl.study.measure.layer_importance``);
 - divergence: ``DivergenceMonitor`` stops the fit at the first optimizer step whose loss is NaN/inf or
   above ``max_loss``; the step and loss are recorded and the logs written so far are kept.
+
+A run writes ``runs/<label>/result.json`` atomically (whole or absent) when it ends. A run whose job is asked to
+stop (preemption, time limit: ``bhyt_pl.study.preemption``) writes no result: it saves ``runs/<label>/last.ckpt``
+at the end of its current step (Lightning's state, the data's position, every callback's state, the in-memory
+metrics and the initial depth statistics) and raises ``RunPreempted``; run again with the same spec, it resumes
+there and records what an uninterrupted run records, timings excepted (``run_one``). The CSV metrics of the
+tries before a resume stay beside the new ones (``logs/metrics.until-step-<N>.csv``).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import re
 import time
 import traceback
@@ -49,8 +57,17 @@ from bhyt_pl.study.measure import (
     trajectory_point,
     variance_bound,
 )
+from bhyt_pl.study.preemption import RunCheckpointOnPreemption, saved_run_state
 
-__all__ = ["COMPILE_LOSS_TOLERANCE", "RunResult", "RunSpec", "TrainerSettings", "run_dirname", "run_one"]
+__all__ = [
+    "COMPILE_LOSS_TOLERANCE",
+    "PREEMPTED_CHECKPOINT",
+    "RunResult",
+    "RunSpec",
+    "TrainerSettings",
+    "run_dirname",
+    "run_one",
+]
 
 COMPILE_LOSS_TOLERANCE = 2e-3
 """Largest absolute difference between a compiled and an eager run's training loss at any step, and their
@@ -58,6 +75,9 @@ validation loss, over a short run (same seed, data and spec; 8 steps in tests/st
 fused float32 kernels round differently, and training amplifies that step by step: over the default study's
 180 steps the two paths end like two nearby trajectories, not like two seeds (docs/performance.md, "Study
 run": validation losses 0.009 apart where seeds spread 0.04)."""
+
+PREEMPTED_CHECKPOINT = "last.ckpt"
+"""The whole state of a preempted run, in its run folder; removed once the run has its ``result.json``."""
 
 log = logging.getLogger(__name__)
 
@@ -194,6 +214,15 @@ def run_one(
 ) -> RunResult:
     """Train one run and measure it. Never raises for a failure of the run itself (recorded as ``error``).
 
+    Checkpointable: inside a job asked to stop (``bhyt_pl.study.preemption.preemption_requested``), the run saves
+    itself to ``runs/<label>/last.ckpt`` at the end of the current optimizer step and raises ``RunPreempted``
+    (no ``result.json``). Called again with the same spec, it resumes from that checkpoint and ends with the
+    result of an uninterrupted run (bit for bit in eager mode; within ``COMPILE_LOSS_TOLERANCE`` compiled). Its
+    ``train_seconds`` add every try's training loop and ``wall_seconds`` every try's time from the start of
+    ``run_one`` to the save (the last try's to its end), so ``tokens_per_sec`` is the tries' throughput and
+    neither counts the time between two tries (queueing, the job's start). A checkpoint saved for another spec is
+    deleted and the run starts over; once ``result.json`` is written (any status), the checkpoint is removed.
+
     Args:
         spec: the run.
         datamodule_factory: ``(data_seed) -> LightningDataModule``: a fresh data module with the study's
@@ -202,15 +231,29 @@ def run_one(
         val_batches: fixed validation batches: validation loss and depth statistics at every trajectory point.
         settings: accelerator, devices, precision.
         out_dir: the study folder; logs go to ``out_dir/runs/<label>/``.
+
+    Raises:
+        RunPreempted: the job was asked to stop; the run saved its state and is to be called again.
     """
     result = RunResult(spec=spec)
     run_dir = out_dir / "runs" / run_dirname(spec.label)
     run_dir.mkdir(parents=True, exist_ok=True)
+    checkpoint = run_dir / PREEMPTED_CHECKPOINT
+    _drop_stale_checkpoint(run_dir, checkpoint)
+    spec_data = json.loads(json.dumps(asdict(spec), default=str))
     monitor = DivergenceMonitor(spec.max_loss)
     recorder = TrajectoryRecorder(val_batches, spec.trajectory_every) if spec.trajectory_every > 0 else None
     memory = MemoryLogger()
     started = time.perf_counter()
+    earlier_seconds = 0.0  # wall seconds of the tries this one resumes
+
+    def run_state() -> dict[str, Any]:  # what the checkpoint carries besides Lightning's state
+        return {"depth_init": result.depth_init, "wall_seconds": earlier_seconds + time.perf_counter() - started}
+
     try:
+        saved = saved_run_state(checkpoint, spec_data)
+        if saved is not None:
+            earlier_seconds = float(saved["wall_seconds"])
         if settings.compile:
             # each run traces its own graphs (compiled kernels come from the Inductor cache on disk): a run does not
             # depend on what ran before it, and a worker's many schemes never reach dynamo's recompile limit
@@ -232,9 +275,13 @@ def run_one(
         )
         module.configure_model()  # built now (fit keeps it): the initial statistics see the weights that train
         result.n_layers, result.dim = module.config.n_layers, module.config.dim
-        result.depth_init = depth_statistics(module, val_batches)
-        points = recorder.points if recorder is not None else []
-        points.append(trajectory_point(0, result.depth_init))
+        if saved is None:
+            result.depth_init = depth_statistics(module, val_batches)
+            if recorder is not None:
+                recorder.points.append(trajectory_point(0, result.depth_init))
+        else:  # the recorder's points, step 0's included, come back with the checkpoint
+            result.depth_init = saved["depth_init"]
+            _keep_earlier_csv(run_dir / "logs", saved.get("step"))
         callbacks: list[L.Callback] = [monitor] + ([recorder] if recorder is not None else [])
         if spec.stability_every > 0:
             stability = StabilityMonitor(
@@ -244,6 +291,8 @@ def run_one(
                 spike_min_history=max(2, spec.spike_window // 2),
             )
             callbacks.append(stability)  # its logging steps run eagerly when the blocks are compiled
+        # last: the step's records above are in the checkpoint it saves
+        callbacks.append(RunCheckpointOnPreemption(checkpoint, spec_data, memory, run_state))
         logger = CSVLogger(out_dir / "runs", name=run_dirname(spec.label), version="logs")  # runs/<label>/logs/
         result.log_dir = str(Path(logger.log_dir).relative_to(out_dir))
         trainer = L.Trainer(
@@ -257,13 +306,15 @@ def run_one(
             log_every_n_steps=min(settings.log_every_n_steps, spec.steps),
             logger=[logger, memory],
             callbacks=callbacks,
-            enable_checkpointing=False,
+            enable_checkpointing=False,  # the preemption callback saves, only when asked to stop
             enable_progress_bar=settings.progress_bar,
             enable_model_summary=False,
         )
-        trainer.fit(module, datamodule=datamodule)
+        resume_from = checkpoint if saved is not None else None
+        trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from, weights_only=False)  # our own file
         result.steps_done = trainer.global_step
         result.depth_final = depth_statistics(module, val_batches)
+        points = list(recorder.points) if recorder is not None else [trajectory_point(0, result.depth_init)]
         if monitor.diverged_step is None:  # a diverged run's end point is not a trained model's
             points.append(trajectory_point(result.steps_done, result.depth_final))
         result.trajectory = points
@@ -304,6 +355,34 @@ def run_one(
     if finite and result.status != "diverged":
         tail = max(1, min(len(finite), math.ceil(0.1 * spec.steps)))
         result.train_loss = sum(finite[-tail:]) / tail
-    result.wall_seconds = time.perf_counter() - started
-    (run_dir / "result.json").write_text(json.dumps(result.to_dict(), indent=1, default=str))
+    result.wall_seconds = earlier_seconds + time.perf_counter() - started
+    _write_result(run_dir / "result.json", result)
+    checkpoint.unlink(missing_ok=True)  # a run with a result keeps only its result
     return result
+
+
+def _write_result(path: Path, result: RunResult) -> None:
+    """``result.json`` whole or absent: a job killed while writing it leaves the previous file or none."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(result.to_dict(), indent=1, default=str))
+    os.replace(tmp, path)
+
+
+def _drop_stale_checkpoint(run_dir: Path, checkpoint: Path) -> None:
+    """Removes what an interrupted save left (temporary files) and a checkpoint older than the run's result: the
+    run finished after that save and was stopped before it removed the checkpoint, which must not be resumed."""
+    for leftover in run_dir.glob(f".{checkpoint.name}.*.tmp"):
+        leftover.unlink(missing_ok=True)
+    for leftover in run_dir.glob(".result.json.*.tmp"):
+        leftover.unlink(missing_ok=True)
+    result = run_dir / "result.json"
+    if checkpoint.is_file() and result.is_file() and result.stat().st_mtime >= checkpoint.stat().st_mtime:
+        log.warning("study run: %s is older than the run's result.json; deleted, the run starts over", checkpoint)
+        checkpoint.unlink()
+
+
+def _keep_earlier_csv(log_dir: Path, step: int | None) -> None:
+    """Keeps the CSV metrics of the tries before a resume (Lightning's CSV logger deletes ``metrics.csv``)."""
+    metrics = log_dir / "metrics.csv"
+    if metrics.is_file():
+        metrics.replace(log_dir / f"metrics.until-step-{step}.csv")

@@ -69,6 +69,7 @@ from submitit.slurm.slurm import SlurmInfoWatcher
 from bhyt_pl.errors import UsageError
 from bhyt_pl.study.job_records import Event, JobRecord, JobRecords
 from bhyt_pl.study.launcher import RunEvent, RunState
+from bhyt_pl.study.preemption import _PREEMPTED, RunPreempted, preemption_requested  # the run reads them too
 from bhyt_pl.validation import raise_if_problems
 
 if TYPE_CHECKING:
@@ -228,26 +229,6 @@ class ClusterSettings:
 
 
 # ----------------------------------------------------------------------------- inside a job
-_PREEMPTED = threading.Event()
-
-
-def preemption_requested() -> bool:
-    """Whether this job got submitit's preemption or timeout signal.
-
-    A run checks it at the end of each step; when it is set, the run saves its state (``last.ckpt`` and its
-    callbacks' state) and raises ``RunPreempted``. Always False outside a submitit job.
-    """
-    return _PREEMPTED.is_set()
-
-
-class RunPreempted(BaseException):
-    """Raised by a run that saved its state after ``preemption_requested()``: the job is requeued with the same spec.
-
-    A ``BaseException``, like ``SystemExit``: code that records a run's failures (``except Exception``) lets it
-    through to ``CheckpointableRun``.
-    """
-
-
 def _preemption_signal() -> signal.Signals:
     # submitit's signal: USR2 unless SUBMITIT_PREEMPT_SIGNAL names another
     return signal.Signals["SIG" + submitit.JobEnvironment.USR_SIG]

@@ -51,3 +51,36 @@ def test_memory_logger_keeps_every_logged_value_by_step() -> None:
     logger.log_metrics({"stability/loss_spikes": 2}, step=None)
     assert logger.metrics == {"stability/loss_spikes": [(3, 1.0), (0, 2.0)], "a": [(3, 2.5)]}
     assert (logger.name, logger.version) == ("memory", "0")
+
+
+def test_the_callbacks_state_carries_a_run_across_a_resume(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a preempted run saves and its next try loads: the next try goes on from the same records, and its
+    training seconds add to the earlier try's."""
+    clock = iter([10.0, 13.5, 100.0, 102.0])  # try 1 starts, is saved; try 2 starts, ends
+    monkeypatch.setattr(callbacks.time, "perf_counter", lambda: next(clock))
+    first = DivergenceMonitor(max_loss=5.0)
+    first.on_train_start(None, None)
+    batch = {"input_ids": torch.zeros(2, 3, dtype=torch.long)}
+    for step, loss in ((1, 4.0), (2, 3.5)):
+        first.on_train_batch_end(_fake_trainer(step), None, {"loss": torch.tensor(loss)}, batch, 0)
+    state = first.state_dict()
+    assert state["train_seconds"] == 3.5 and state["tokens"] == 12
+    second = DivergenceMonitor(max_loss=5.0)
+    second.load_state_dict(state)
+    second.on_train_start(None, None)
+    second.on_train_batch_end(_fake_trainer(3), None, {"loss": torch.tensor(3.0)}, batch, 0)
+    second.on_train_end(None, None)
+    assert second.losses == [(1, 4.0), (2, 3.5), (3, 3.0)] and second.tokens == 18
+    assert second.train_seconds == 3.5 + 2.0
+
+    recorder = TrajectoryRecorder([], every_n_steps=2)
+    held = recorder.points  # the run holds the list: it is refilled, not replaced
+    recorder.load_state_dict({"points": [{"step": 0}, {"step": 2}]})
+    assert held == [{"step": 0}, {"step": 2}] and recorder.state_dict() == {"points": held}
+
+    logger = MemoryLogger()
+    logger.log_metrics({"stability/loss_spikes": 1}, step=3)
+    again = MemoryLogger()
+    again.load_state_dict(logger.state_dict())
+    again.log_metrics({"stability/loss_spikes": 2}, step=4)
+    assert again.metrics == {"stability/loss_spikes": [(3, 1.0), (4, 2.0)]}
