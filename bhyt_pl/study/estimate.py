@@ -377,6 +377,10 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
 
 
+def _hours(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
 def _flops(value: float) -> str:
     return f"{value:.3g} FLOPs"
 
@@ -417,8 +421,10 @@ def dry_run_text(
         f"training FLOPs per run (bhyt_pl/flops.py: matmuls, forward + backward): {per_run}",
         f"training FLOPs in total: {_span(_flops(cost.flops_min), _flops(cost.flops_max))}",
         f"GPU-hours at {mfu:.0%} MFU of {peak_tflops:g} TFLOP/s: "
+        + " to ".join(dict.fromkeys(_hours(gpu_hours(f, mfu, peak_tflops)) for f in cost.flops_per_run))
+        + " a run; in total "
         + _span(
-            f"{gpu_hours(cost.flops_min, mfu, peak_tflops):.3g}", f"{gpu_hours(cost.flops_max, mfu, peak_tflops):.3g}"
+            _hours(gpu_hours(cost.flops_min, mfu, peak_tflops)), _hours(gpu_hours(cost.flops_max, mfu, peak_tflops))
         ),
     ]
     if setup.settings.accelerator == "cpu":
