@@ -1,0 +1,189 @@
+"""``study --dry-run`` (bhyt_pl.study.estimate): the run range against a hand count and against the protocol itself
+(``run_depth_study`` with fake runs), FLOPs and GPU-hours against the formula, option checks, the CPU probe, and a
+dry run that trains and writes nothing."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from bhyt_pl.config import LlamaConfig
+from bhyt_pl.errors import UsageError
+from bhyt_pl.study import command, estimate
+from bhyt_pl.study.design import SchemeGroup, Selection
+from bhyt_pl.study.local import InlineLauncher
+from bhyt_pl.study.plan import evaluation_specs, run_label, selection_specs
+from bhyt_pl.study.protocol import run_depth_study
+from bhyt_pl.study.runner import RunResult, RunSpec, run_dirname
+from bhyt_pl.study.scheduler import Scheduler
+
+SMALL = ["--schemes", "rmsnorm", "layernorm", "--lrs", "1e-3", "3e-3", "--seeds", "2"]
+TINY = ["--preset", "tiny", "--layers", "2", "--steps", "4", "--batch-size", "2", "--seq-len", "16", "--no-compile"]
+
+
+def _setup(tmp_path: Path, *argv: str) -> command.StudySetup:
+    """The setup the study command builds, with the dry-run options added to its parser (as command.py does)."""
+    p = command.parser()
+    try:
+        estimate.add_arguments(p)
+    except argparse.ArgumentError:  # the study's parser has them already
+        pass
+    argv = (*argv, "--out", str(tmp_path / "study"))
+    return command._setup(p.parse_args(list(argv)), argv)
+
+
+def test_run_range_matches_a_hand_count(tmp_path: Path) -> None:
+    # 2 schemes x 2 rates x 2 evaluation seeds, 1 extension a group.
+    # selection: 2 groups x 1 candidate x 2 rates = 4.
+    # extensions: each group's one candidate may step once past an edge: 0..2.
+    # evaluation, default matched rates = both grid rates (the two highest that trained):
+    #   best rate on the grid: 2 rates x 2 seeds = 4 a group -> 8; best rate an extension: 3 rates x 2 seeds -> 12.
+    runs = estimate.run_range(_setup(tmp_path, *SMALL, "--extensions", "1").design())
+    assert (runs.selection, runs.extensions, runs.evaluation_min, runs.evaluation_max) == (4, 2, 8, 12)
+    assert (runs.minimum, runs.maximum) == (12, 18)
+    # no extension: the best rate is always one of the two matched rates: 4 + 8 exactly
+    runs = estimate.run_range(_setup(tmp_path, *SMALL, "--extensions", "0").design())
+    assert (runs.minimum, runs.maximum) == (12, 12)
+    # one matched rate 3e-3: best 3e-3 -> 1 rate x 2 seeds a group (4); best elsewhere -> 2 rates x 2 seeds (8)
+    setup = _setup(tmp_path, *SMALL, "--extensions", "1", "--matched-lrs", "3e-3")
+    runs = estimate.run_range(setup.design(), setup.args.matched_lrs)
+    assert (runs.minimum, runs.maximum) == (4 + 4, 4 + 2 + 8)
+    # the default study as docs/depth_study.md counts it: 33 selection runs, up to 9 extensions, 27 x 2..3
+    runs = estimate.run_range(_setup(tmp_path).design())
+    assert (runs.selection, runs.extensions, runs.evaluation_min, runs.evaluation_max) == (33, 9, 54, 81)
+
+
+def _protocol_count(setup: command.StudySetup, loss, tmp_path: Path) -> int:
+    """The runs ``run_depth_study`` submits when each run's validation loss is ``loss(spec)`` (nothing trains)."""
+    scheduler = Scheduler(InlineLauncher(lambda spec: RunResult(spec, val_loss=loss(spec))), tmp_path, resume=False)
+    run_depth_study(setup.design(), setup.base, scheduler, matched_lrs=setup.args.matched_lrs)
+    return scheduler.submitted
+
+
+def test_run_range_brackets_the_protocol_and_both_ends_are_reached(tmp_path: Path) -> None:
+    argv = ("--schemes", "rmsnorm", "dyt:alpha_attn=0.5|1.0", "--lrs", "1e-3", "3e-3", "1e-2", "--seeds", "2")
+    setup = _setup(tmp_path, *argv, "--extensions", "2")
+    runs = estimate.run_range(setup.design())
+    # hand count: selection (1 + 2 candidates) x 3 rates = 9; extensions 2 a group = 4;
+    # evaluation 2 seeds x (2 matched + best off them) = 2 x 2..3 a group -> 8..12
+    assert (runs.minimum, runs.maximum) == (9 + 8, 9 + 4 + 12)
+    # lowest loss at the middle rate 3e-3 (a matched one): no extension, the fewest runs
+    assert _protocol_count(setup, lambda s: abs(math.log(s.lr / 3e-3)), tmp_path) == runs.minimum
+    # loss falling with the rate: every group extends upwards twice and keeps an off-grid rate: the most runs
+    assert _protocol_count(setup, lambda s: -s.lr, tmp_path) == runs.maximum
+    rng = random.Random(0)
+    for _ in range(40):  # any finite losses: inside the range
+        table: dict[str, float] = {}
+        count = _protocol_count(setup, lambda s: table.setdefault(s.label, rng.random()), tmp_path)
+        assert runs.minimum <= count <= runs.maximum
+
+
+def _flops_per_token(c: LlamaConfig, seq_len: int) -> float:
+    """6 x matmul parameters + 12 x L x H x hd x T (attention scores and values, forward + backward)."""
+    attention = c.dim * c.head_dim * (2 * c.n_heads + 2 * c.n_kv_heads)
+    params = c.n_layers * (attention + 3 * c.dim * c.mlp_dim) + c.vocab_size * c.dim
+    return 6 * params + 12 * c.n_layers * c.n_heads * c.head_dim * seq_len
+
+
+def test_flops_and_gpu_hours_follow_the_formula(tmp_path: Path) -> None:
+    setup = _setup(tmp_path, *SMALL, "--extensions", "1", "--steps", "10", "--batch-size", "4", "--seq-len", "32")
+    cost = estimate.study_cost(setup)
+    tokens = 10 * 4 * 32
+    per_run = _flops_per_token(setup.config, 32) * tokens
+    assert cost.tokens_per_run == tokens
+    assert cost.flops_per_run == pytest.approx((per_run,))
+    assert (cost.flops_min, cost.flops_max) == pytest.approx((12 * per_run, 18 * per_run))
+    # one GPU-hour: 0.4 x 989e12 FLOP/s for 3600 s
+    assert estimate.gpu_hours(0.4 * 989e12 * 3600, 0.4, 989) == pytest.approx(1.0)
+    assert estimate.gpu_hours(3 * 0.5 * 312e12 * 3600, 0.5, 312) == pytest.approx(3.0)
+    text = estimate.dry_run_text(setup, mfu=0.5, peak_tflops=100)
+    hours = (12 * per_run / (0.5 * 100e12 * 3600), 18 * per_run / (0.5 * 100e12 * 3600))
+    one = per_run / (0.5 * 100e12 * 3600)
+    assert f"GPU-hours at 50% MFU of 100 TFLOP/s: {one:.3g} a run; in total {hours[0]:.3g} to {hours[1]:.3g}" in text
+    assert "runs: 12 to 18" in text and "CPU time: unknown" in text
+
+
+def test_sweep_flops_sum_over_its_depths(tmp_path: Path) -> None:
+    setup = _setup(tmp_path, "--sweep", "--schemes", "rmsnorm", "--depths", "2", "4", "--lrs", "1e-2", "--seeds", "1")
+    cost = estimate.study_cost(setup)
+    tokens = setup.budget.steps * setup.budget.batch_size * setup.budget.seq_len
+    expected = sum(_flops_per_token(LlamaConfig.from_name(setup.budget.preset, n_layers=d), 64) for d in (2, 4))
+    assert (cost.runs.minimum, cost.runs.maximum) == (2, 2)
+    assert cost.flops_min == cost.flops_max == pytest.approx(expected * tokens)
+
+
+@pytest.mark.parametrize("mfu", ["0", "-0.4", "1.5", "40"])
+def test_mfu_outside_the_unit_interval_is_a_usage_error(tmp_path: Path, mfu: str) -> None:
+    setup = _setup(tmp_path, *SMALL, "--mfu", mfu)
+    with pytest.raises(UsageError, match=r"--mfu must be in \(0, 1\]"):
+        estimate.dry_run(setup)
+    estimate.check_arguments(_setup(tmp_path, *SMALL, "--mfu", "1").args)  # 100 % is allowed
+
+
+def test_peak_and_probe_steps_are_checked(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="--peak-tflops must be a finite number > 0") as err:
+        estimate.check_arguments(_setup(tmp_path, "--peak-tflops", "0", "--probe-steps", "-1").args)
+    assert "--probe-steps must be >= 0" in str(err.value)
+
+
+def _write_finished(out: Path, spec: RunSpec, val_loss: float) -> None:
+    folder = out / "runs" / run_dirname(spec.label)
+    folder.mkdir(parents=True)
+    (folder / "result.json").write_text(json.dumps(RunResult(spec, val_loss=val_loss).to_dict(), default=str))
+
+
+def test_finished_runs_are_counted_as_the_protocol_would_reuse_them(tmp_path: Path) -> None:
+    setup = _setup(tmp_path, *SMALL, "--extensions", "1")
+    group = setup.design().groups[0]
+    specs = selection_specs(group, (1e-3, 3e-3), setup.base)
+    _write_finished(setup.out, specs[0], 4.0)
+    assert len(estimate.study_cost(setup).reused) == 1
+    # its selection complete with the best rate 3e-3 at the grid's top edge: the extension 9e-3 comes next, so an
+    # evaluation run at 3e-3 is not reused yet; once the extension is in (worse), 3e-3 is selected and it is
+    _write_finished(setup.out, specs[1], 3.0)
+    best = evaluation_specs(group, _selection(group, specs[1]), (), 2, setup.base)[0]
+    _write_finished(setup.out, best, 3.1)
+    assert len(estimate.study_cost(setup).reused) == 2
+    extension = replace(specs[1], label=run_label(specs[1].candidate, 0.009, specs[1].steps, 0), lr=0.009)
+    _write_finished(setup.out, extension, 5.0)
+    assert len(estimate.study_cost(setup).reused) == 4
+    assert estimate.study_cost(_setup(tmp_path, *SMALL, "--restart")).reused == ()
+
+
+def _selection(group: SchemeGroup, spec: RunSpec) -> Selection:
+    return Selection(group.label, RunResult(spec, val_loss=3.0), ())
+
+
+@pytest.mark.slow
+def test_probe_times_real_training_steps(tmp_path: Path) -> None:
+    setup = _setup(tmp_path, *TINY, *SMALL)
+    spec = selection_specs(setup.groups[0], setup.budget.lrs, setup.base)[0]
+    probe = estimate.probe_pace(spec, setup.data, 2, compile=False, threads=1)
+    assert probe.steps == 2 and probe.threads == 1
+    assert 0 < probe.seconds_per_step < 60 and probe.warmup_seconds > 0
+    with pytest.raises(UsageError, match="--probe-steps"):
+        estimate.probe_pace(spec, setup.data, 0)
+
+
+@pytest.mark.slow
+def test_dry_run_trains_and_writes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def no_training(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a dry run trained a study run")
+
+    monkeypatch.setattr("bhyt_pl.study.runner.run_one", no_training)
+    monkeypatch.chdir(tmp_path)
+    setup = _setup(tmp_path, *TINY, *SMALL, "--probe-steps", "2", "--workers", "2")
+    assert estimate.dry_run(setup) == 0
+    assert list(tmp_path.iterdir()) == []  # no study folder, no lightning_logs, no checkpoint
+    text = capsys.readouterr().out
+    assert "runs: 12 to 18" in text
+    assert "CPU time at the probe's pace with 2 worker(s)" in text
+    assert "2 step(s) timed after a warm-up step" in text and "1 torch thread(s)" in text and "load average" in text
