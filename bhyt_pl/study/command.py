@@ -32,11 +32,9 @@ import argparse
 import ast
 import logging
 import math
-import shlex
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -44,16 +42,17 @@ from typing import Any
 import torch
 
 from bhyt_pl.config import PRESETS, LlamaConfig
-from bhyt_pl.study import report, runner
+from bhyt_pl.study import estimate, report, runner
 from bhyt_pl.study.config_file import expand_config_files
-from bhyt_pl.study.data import StudyData, fixed_batches, unigram_entropy
-from bhyt_pl.study.design import SchemeGroup, StudyDesign, check_disjoint, parse_group, rate_key
+from bhyt_pl.study.data import StudyData, unigram_entropy
+from bhyt_pl.study.design import check_disjoint, parse_group, rate_key
 from bhyt_pl.study.launch import add_launcher_arguments, check_launcher, make_launcher
 from bhyt_pl.study.plan import sweep_specs
 from bhyt_pl.study.protocol import run_all, run_depth_study
 from bhyt_pl.study.results import StudyRecord, load
 from bhyt_pl.study.runner import RunResult, RunSpec, TrainerSettings
 from bhyt_pl.study.scheduler import Scheduler, progress_line
+from bhyt_pl.study.setup import Budget, StudySetup, loadavg_text
 from bhyt_pl.validation import raise_if_problems
 
 __all__ = [
@@ -114,23 +113,6 @@ REMOVED_FLAGS = {
 }
 """Flags the study does not take and what replaces them. Each is declared so that using it is an error naming its
 replacement: undeclared, argparse would read ``--seed 43`` as an abbreviation of ``--seeds`` and run 43 seeds."""
-
-
-@dataclass(frozen=True)
-class Budget:
-    """The defaults of one mode; every field can be overridden on the command line."""
-
-    preset: str
-    layers: int | None
-    steps: int
-    seq_len: int
-    batch_size: int
-    val_batches: int
-    lrs: tuple[float, ...]
-    seeds: int
-    trajectory_every: int
-    depths: tuple[int, ...] = ()
-    extensions: int = 1
 
 
 # Protocol v3 run counts with the default 9 groups (docs/depth_study.md): 33 selection runs (8 schemes + 3 DyT
@@ -304,6 +286,7 @@ def parser() -> argparse.ArgumentParser:
         help="rebuild DIR/report.md and its figures from DIR/results.json alone (no training, no run folders); "
         "every other option is ignored",
     )
+    estimate.add_arguments(p)
     for flag in REMOVED_FLAGS:
         p.add_argument(flag, action=_Removed, help=argparse.SUPPRESS)
     return p
@@ -395,99 +378,6 @@ def resolve(args: argparse.Namespace) -> tuple[Budget, dict[str, Any]]:
     return budget, overrides
 
 
-@dataclass(frozen=True)
-class StudySetup:
-    """One invocation of the study, decided before any run trains: its budget, groups and roles, the settings its
-    runs share (``base``: each run then sets its scheme, rate and seed), their data and how they execute.
-    ``prepare`` builds it; ``main`` runs it, and ``python -m bhyt_pl bench --parts study_run`` times one of its
-    runs.
-
-    Args:
-        argv: the command line it was built from (recorded in the report).
-        args: the parsed options.
-        budget: the mode's defaults with the options applied.
-        overrides: ``LlamaConfig`` fields every run sets (``--override``, ``--layers``).
-        groups: the ``--schemes`` groups.
-        roles: claim role -> group (``DEFAULT_ROLES`` with ``--roles`` applied).
-        base: the settings every run shares.
-        data: every run's data module (called with its data seed).
-        settings: how every run executes (accelerator, devices, precision, compile).
-    """
-
-    argv: tuple[str, ...]
-    args: argparse.Namespace
-    budget: Budget
-    overrides: dict[str, Any]
-    groups: tuple[SchemeGroup, ...]
-    roles: dict[str, str]
-    base: RunSpec
-    data: StudyData
-    settings: TrainerSettings
-
-    @property
-    def sweep(self) -> bool:
-        return bool(self.args.sweep)
-
-    @property
-    def mode(self) -> str:
-        return "study" + ("-sweep" if self.sweep else "") + ("-quick" if self.args.quick else "")
-
-    @property
-    def out(self) -> Path:
-        """The report folder (``--out``, default ``runs/<mode>``)."""
-        return self.args.out if self.args.out is not None else Path("runs") / self.mode
-
-    @property
-    def config(self) -> LlamaConfig:
-        return LlamaConfig.from_name(self.budget.preset, **self.overrides)
-
-    def design(self) -> StudyDesign | None:
-        """A fresh depth-study design (groups, grid, seeds; nothing selected yet); None for the sweep."""
-        if self.sweep:
-            return None
-        return StudyDesign(self.groups, self.budget.lrs, self.budget.seeds, self.budget.extensions)
-
-    def validation_batches(self) -> list[dict[str, torch.Tensor]]:
-        """The fixed validation batches every run is measured on (from the base data seed's data module)."""
-        return fixed_batches(self.data(self.base.data_seed), self.budget.val_batches)
-
-    def meta(self) -> dict[str, Any]:
-        """What the report's head lists: the command, the budget, the data, the machine and its load now
-        (``unigram_loss`` is None until measured)."""
-        from bhyt_pl.machine import machine_info
-
-        budget, args, labels = self.budget, self.args, [g.label for g in self.groups]
-        return {
-            "command": "python -m bhyt_pl study " + shlex.join(self.argv),
-            "mode": self.mode,
-            "preset": budget.preset,
-            "n_layers_label": "/".join(map(str, budget.depths)) if self.sweep else str(self.config.n_layers),
-            "overrides": self.overrides,
-            "steps": budget.steps,
-            "seq_len": budget.seq_len,
-            "batch_size": budget.batch_size,
-            "tokens_per_step": budget.seq_len * budget.batch_size,
-            "tokens_per_run": budget.seq_len * budget.batch_size * budget.steps,
-            "lrs": list(budget.lrs),
-            "seeds": budget.seeds,
-            "selection_seed": "index 0 (seed 42); evaluation seeds: indices 1..N (seeds 43..42+N)",
-            "extensions": budget.extensions,
-            "roles": {k: v for k, v in self.roles.items() if v in labels},
-            "schemes": labels,
-            "trajectory_every": self.base.trajectory_every,
-            "workers": args.workers,
-            "launcher": args.launcher,
-            "compile": args.compile,
-            "data": f"{args.data_files} (tokenizer {args.tokenizer})",
-            "validation": f"{budget.val_batches} fixed batches of {budget.batch_size} x {budget.seq_len}: validation "
-            "loss and depth statistics at every trajectory point",
-            "unigram_loss": None,
-            "max_loss": round(self.base.max_loss, 4),
-            "loadavg_at_start": _loadavg(),
-            "machine": machine_info(torch.device("cuda" if args.accelerator in ("gpu", "cuda") else "cpu")),
-        }
-
-
 def prepare(argv: Sequence[str] = ()) -> StudySetup:
     """The study ``python -m bhyt_pl study ARGV`` would run, without running it. Bad values raise one
     ``ValueError`` naming the option; an unparsable command line exits as argparse does."""
@@ -577,6 +467,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         setup = _setup(args, argv)
         workers = check_launcher(args)  # bad workers, devices or cluster settings: before any work
+        if args.dry_run:  # the plan and its cost: nothing trained, no folder made
+            return estimate.dry_run(setup, workers)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -652,7 +544,7 @@ def main(argv: list[str] | None = None) -> int:
         launcher.close()
         meta["wall_seconds"] = round(time.perf_counter() - started, 1)
         meta["runs_reused"] = len(scheduler.reused)
-        meta["loadavg_at_end"] = _loadavg()
+        meta["loadavg_at_end"] = loadavg_text()
         if rank_zero_only.rank == 0 and results:
             paths = report.write_report(out, record)
             log.info("study finished in %.0f s; report: %s", meta["wall_seconds"], paths["report"])
@@ -672,10 +564,3 @@ def report_from(folder: Path, figures: bool = True) -> dict[str, Path]:
     except ValueError as exc:
         raise ValueError(f"--report-from {str(folder)!r}: {exc}") from exc
     return report.write_report(folder, record, figures=figures, save=False)
-
-
-def _loadavg() -> str:
-    try:
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "n/a"

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from bhyt_pl.study import power, runner
-from bhyt_pl.study.command import StudySetup, _loadavg, prepare
+from bhyt_pl.study.command import prepare
 from bhyt_pl.study.confirm import (
     COMMAND_PREFIX,
     KIND,
@@ -47,6 +47,7 @@ from bhyt_pl.study.launch import add_launcher_arguments, check_launcher, make_la
 from bhyt_pl.study.protocol import run_all
 from bhyt_pl.study.runner import RunResult, TrainerSettings
 from bhyt_pl.study.scheduler import Scheduler, progress_line
+from bhyt_pl.study.setup import StudySetup, loadavg_text
 from bhyt_pl.validation import raise_if_problems
 
 __all__ = ["main", "parser", "pilot_setup", "report_from"]
@@ -242,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "workers": workers,
         "launcher": args.launcher,
         "compile": settings.compile,
-        "loadavg_at_start": _loadavg(),
+        "loadavg_at_start": loadavg_text(),
         "machine": machine_info(torch.device("cuda" if settings.accelerator in ("gpu", "cuda") else "cpu")),
     }
     started = time.perf_counter()
@@ -279,7 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         launcher.close()
         meta["wall_seconds"] = round(time.perf_counter() - started, 1)
         meta["runs_reused"] = len(scheduler.reused)
-        meta["loadavg_at_end"] = _loadavg()
+        meta["loadavg_at_end"] = loadavg_text()
         # not after a stop before the first result: that would replace a previous invocation's record with an
         # empty one (its runs are still in runs/ and are read back next time)
         if rank_zero_only.rank == 0 and (results or not specs):

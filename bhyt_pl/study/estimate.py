@@ -47,7 +47,7 @@ from bhyt_pl.study.runner import RunResult, RunSpec
 from bhyt_pl.study.scheduler import finished_result
 
 if TYPE_CHECKING:
-    from bhyt_pl.study.command import StudySetup
+    from bhyt_pl.study.setup import StudySetup
 
 __all__ = [
     "DEFAULT_MFU",
@@ -390,11 +390,15 @@ def _span(low: str, high: str) -> str:
 
 
 def dry_run_text(
-    setup: StudySetup, mfu: float = DEFAULT_MFU, peak_tflops: float = DEFAULT_PEAK_TFLOPS, probe: Probe | None = None
+    setup: StudySetup,
+    mfu: float = DEFAULT_MFU,
+    peak_tflops: float = DEFAULT_PEAK_TFLOPS,
+    probe: Probe | None = None,
+    workers: int = 1,
 ) -> str:
     """What ``--dry-run`` prints: the runs (a range for the depth study), the runs ``--out`` already holds, tokens
-    and training FLOPs per run and in total, GPU-hours, the CPU time from ``probe`` (None: unknown) and the
-    assumptions."""
+    and training FLOPs per run and in total, GPU-hours, the CPU time from ``probe`` (None: unknown) with ``workers``
+    runs at once, and the assumptions."""
     budget, args = setup.budget, setup.args
     cost = study_cost(setup)
     runs = cost.runs
@@ -431,10 +435,10 @@ def dry_run_text(
         if probe is None:
             lines.append("CPU time: unknown (no probe; --probe-steps N times N training steps of the first run)")
         else:
-            low = probe.seconds_per_step * cost.steps_min / args.workers
-            high = probe.seconds_per_step * cost.steps_max / args.workers
+            low = probe.seconds_per_step * cost.steps_min / workers
+            high = probe.seconds_per_step * cost.steps_max / workers
             lines.append(
-                f"CPU time at the probe's pace with {args.workers} worker(s): {_span(_duration(low), _duration(high))} "
+                f"CPU time at the probe's pace with {workers} worker(s): {_span(_duration(low), _duration(high))} "
                 "of training steps (each run's setup, first compile, validation and measurements come on top)"
             )
     lines += ["", "assumptions:"]
@@ -465,14 +469,14 @@ def _first_spec(setup: StudySetup) -> RunSpec:
     return selection_specs(setup.groups[0], setup.budget.lrs, setup.base)[0]
 
 
-def dry_run(setup: StudySetup) -> int:
-    """``--dry-run``: check the options, probe the CPU pace (``--probe-steps``; CPU only), print the estimate;
-    0 on success. Trains no run and makes no folder."""
+def dry_run(setup: StudySetup, workers: int = 1) -> int:
+    """``--dry-run``: check the options, probe the CPU pace (``--probe-steps``; CPU only), print the estimate for
+    ``workers`` runs at once; 0 on success. Trains no run and makes no folder."""
     args = setup.args
     check_arguments(args)
     probe = None
     if setup.settings.accelerator == "cpu" and args.probe_steps > 0:
-        threads = 1 if args.workers > 1 else args.threads
+        threads = 1 if workers > 1 else args.threads
         probe = probe_pace(_first_spec(setup), setup.data, args.probe_steps, setup.settings.compile, threads)
-    print(dry_run_text(setup, args.mfu, args.peak_tflops, probe))
+    print(dry_run_text(setup, args.mfu, args.peak_tflops, probe, workers))
     return 0

@@ -4,7 +4,6 @@ dry run that trains and writes nothing."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import random
@@ -28,14 +27,8 @@ TINY = ["--preset", "tiny", "--layers", "2", "--steps", "4", "--batch-size", "2"
 
 
 def _setup(tmp_path: Path, *argv: str) -> command.StudySetup:
-    """The setup the study command builds, with the dry-run options added to its parser (as command.py does)."""
-    p = command.parser()
-    try:
-        estimate.add_arguments(p)
-    except argparse.ArgumentError:  # the study's parser has them already
-        pass
-    argv = (*argv, "--out", str(tmp_path / "study"))
-    return command._setup(p.parse_args(list(argv)), argv)
+    """The setup the study command builds."""
+    return command.prepare([*argv, "--out", str(tmp_path / "study")])
 
 
 def test_run_range_matches_a_hand_count(tmp_path: Path) -> None:
@@ -180,10 +173,15 @@ def test_dry_run_trains_and_writes_nothing(
 
     monkeypatch.setattr("bhyt_pl.study.runner.run_one", no_training)
     monkeypatch.chdir(tmp_path)
-    setup = _setup(tmp_path, *TINY, *SMALL, "--probe-steps", "2", "--workers", "2")
-    assert estimate.dry_run(setup) == 0
+    argv = [*TINY, *SMALL, "--probe-steps", "2", "--workers", "2", "--out", str(tmp_path / "study"), "--dry-run"]
+    assert command.main(argv) == 0
     assert list(tmp_path.iterdir()) == []  # no study folder, no lightning_logs, no checkpoint
     text = capsys.readouterr().out
     assert "runs: 12 to 18" in text
     assert "CPU time at the probe's pace with 2 worker(s)" in text
     assert "2 step(s) timed after a warm-up step" in text and "1 torch thread(s)" in text and "load average" in text
+
+
+def test_a_bad_estimate_option_exits_2_before_any_work(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert command.main(["--dry-run", "--mfu", "0", "--out", str(tmp_path / "s")]) == 2
+    assert "--mfu must be in (0, 1]" in capsys.readouterr().err and not (tmp_path / "s").exists()
