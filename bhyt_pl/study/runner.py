@@ -311,7 +311,12 @@ def run_one(
             enable_model_summary=False,
         )
         resume_from = checkpoint if saved is not None else None
-        trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from, weights_only=False)  # our own file
+        try:
+            trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from, weights_only=False)  # our own file
+        except SystemExit:
+            if trainer.interrupted:  # Lightning turns Ctrl-C into sys.exit(1); the study stops as interrupted
+                raise KeyboardInterrupt from None
+            raise
         result.steps_done = trainer.global_step
         result.depth_final = depth_statistics(module, val_batches)
         points = list(recorder.points) if recorder is not None else [trajectory_point(0, result.depth_init)]

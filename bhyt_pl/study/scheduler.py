@@ -19,16 +19,33 @@ log = logging.getLogger(__name__)
 
 
 def finished_result(out: Path, spec: RunSpec) -> RunResult | None:
-    """The run's stored result when it finished (ok or diverged) with exactly this spec, else None (resume)."""
+    """The run's stored result when it finished (ok or diverged) with exactly this spec, else None (resume). A
+    record that exists but is not reused is named in the log with the reason: the run is trained again."""
     path = out / "runs" / run_dirname(spec.label) / "result.json"
+    if not path.exists():
+        return None
     try:
         stored = json.loads(path.read_text())
         if stored.get("status") not in ("ok", "diverged"):
+            log.info("study run %s: trained again, its last try ended with %s", spec.label, stored.get("status"))
             return None
-        if stored["spec"] != json.loads(json.dumps(asdict(spec), default=str)):
+        expected = json.loads(json.dumps(asdict(spec), default=str))
+        if stored["spec"] != expected:
+            changed = sorted(
+                k for k in expected.keys() | stored["spec"].keys() if stored["spec"].get(k) != expected.get(k)
+            )
+            log.warning(
+                "study run %s: trained again, %s was made with other settings (%s differ)",
+                spec.label,
+                path,
+                ", ".join(changed),
+            )
             return None
         return RunResult.from_dict(stored)
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        log.warning(
+            "study run %s: trained again, %s cannot be read (%s: %s)", spec.label, path, type(exc).__name__, exc
+        )
         return None
 
 

@@ -150,3 +150,34 @@ def test_counts_follow_each_report_and_an_error_result_counts_as_failed(tmp_path
     assert scheduler.failed == ["b", "c"] and [r.status for r in results] == ["ok", "error", "error", "ok"]
     line = progress_line(2, 4, 10.0, reused=1, counts=scheduler.counts())
     assert line.startswith("study: run 2 of 4 done (0 running, 0 queued, 2 failed)")
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        ('{"status": "ok", "spec": {"label": "kept"', "cannot be read (JSONDecodeError"),  # a torn record
+        ("[]", "cannot be read (AttributeError"),
+        (None, "was made with other settings (lr, steps differ)"),
+        ("error", "its last try ended with error"),
+    ],
+)
+def test_a_record_that_is_not_reused_is_named_with_the_reason(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, content: str | None, why: str
+) -> None:
+    spec = RunSpec(label="kept", norm="rmsnorm", lr=1e-3, steps=10)
+    path = tmp_path / "runs" / run_dirname(spec.label) / "result.json"
+    path.parent.mkdir(parents=True)
+    if content is None:
+        old = RunSpec(label="kept", norm="rmsnorm", lr=3e-3, steps=20)
+        content = json.dumps(RunResult(old, val_loss=1.5).to_dict(), default=str)
+    elif content == "error":
+        content = json.dumps(RunResult(spec, status="error", error="boom").to_dict(), default=str)
+    path.write_text(content)
+    with caplog.at_level("INFO", logger="bhyt_pl.study.scheduler"):
+        assert finished_result(tmp_path, spec) is None
+    (message,) = [r.getMessage() for r in caplog.records]
+    assert message.startswith("study run kept: trained again") and why in message
+    caplog.clear()
+    with caplog.at_level("INFO", logger="bhyt_pl.study.scheduler"):
+        assert finished_result(tmp_path, RunSpec(label="never", norm="rmsnorm")) is None
+    assert not caplog.records  # no record at all: a new run, nothing to say

@@ -299,3 +299,41 @@ def test_prepare_builds_the_setup_main_runs(tmp_path: Path) -> None:
 def test_report_from_a_folder_without_a_record_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(["--report-from", str(tmp_path)]) == 2
     assert "--report-from" in capsys.readouterr().err and not (tmp_path / "report.md").exists()
+
+
+@pytest.mark.slow
+def test_ctrl_c_exits_130_saying_the_command_resumes_and_the_rerun_reuses_what_finished(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Lightning turns Ctrl-C inside a fit into ``sys.exit(1)``; the study leaves with 130, as ``fit`` does."""
+    import signal
+
+    from bhyt_pl.study.callbacks import DivergenceMonitor
+
+    out = tmp_path / "s"
+    argv = ["--sweep", "--schemes", "rmsnorm", "--depths", "1", "--lrs", "1e-3", "3e-3", "--seeds", "1"]
+    argv += ["--steps", "2", "--seq-len", "32", "--batch-size", "2", "--shuffle-buffer", "4", "--workers", "1"]
+    argv += ["--no-compile", "--out", str(out)]
+    original = DivergenceMonitor.on_train_batch_end
+    calls = []
+
+    def interrupt_second_run(self, trainer, *args, **kwargs):
+        calls.append(trainer.global_step)
+        if len(calls) == 3:  # the second run's first step: the first run has finished
+            raise KeyboardInterrupt
+        return original(self, trainer, *args, **kwargs)
+
+    monkeypatch.setattr(DivergenceMonitor, "on_train_batch_end", interrupt_second_run)
+    handler = signal.getsignal(signal.SIGINT)
+    try:
+        with caplog.at_level("INFO"):
+            assert main(argv) == 130
+    finally:
+        signal.signal(signal.SIGINT, handler)  # Lightning ignores SIGINT after an interrupt
+    assert any("the same command resumes it, reusing every finished run" in r.getMessage() for r in caplog.records)
+    finished = [p / "result.json" for p in (out / "runs").iterdir() if (p / "result.json").exists()]
+    assert [p.parent.name for p in finished] == ["rmsnorm@L1-lr0.001-steps2-s0"]
+    first = finished[0].read_text()
+    monkeypatch.setattr(DivergenceMonitor, "on_train_batch_end", original)
+    assert main(argv) == 0
+    assert finished[0].read_text() == first and len(_runs(out)) == 2  # reused, not trained again
