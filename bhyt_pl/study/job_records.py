@@ -78,7 +78,7 @@ class JobRecords:
     Example:
         >>> import tempfile, time
         >>> records = JobRecords(Path(tempfile.mkdtemp()))
-        >>> records.append([JobRecord("submitted", "rmsnorm@lr0.003-s1", "4242_0", 1, time.time())])
+        >>> records.append([JobRecord("submitted", "rmsnorm@lr0.003-steps180-s1", "4242_0", 1, time.time())])
         >>> [r.job_id for r in records.read()]
         ['4242_0']
     """

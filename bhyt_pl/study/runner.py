@@ -87,8 +87,8 @@ class RunSpec:
     """What one run trains: plain data, written into the run's ``result.json``.
 
     Args:
-        label: unique name of the run (also its log directory), e.g. ``bhyt@lr0.003-s1`` (``plan.run_label``) or
-            ``bhyt@L16-lr0.003-s0`` (the sweep).
+        label: unique name of the run (also its log directory), e.g. ``bhyt@lr0.003-steps180-s1``
+            (``plan.run_label``) or ``bhyt@L16-lr0.003-steps100-s0`` (the sweep).
         norm: registered norm scheme.
         norm_args: the scheme's constructor arguments.
         preset: model preset (``bhyt_pl.PRESETS``).
