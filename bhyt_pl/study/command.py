@@ -493,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
     results: list[RunResult] = []
     design = setup.design()
     record = StudyRecord(meta, results, design)
-    shown: dict[str, Any] = {"counts": None, "at": -math.inf}
+    shown: dict[str, Any] = {"counts": None, "at": started}  # the first counts after 10 s without a result
 
     def on_change(counts: dict[str, int]) -> None:
         # a cluster's runs queue and start long before one finishes: show how many are queued and running when that
