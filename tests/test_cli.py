@@ -19,7 +19,8 @@ from bhyt_pl.cli import main, user_error_message
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes"
 OVERLAY_DIRS = ("norms", "distributed", "loggers", "tiny")
-BASES = sorted(p for p in RECIPES.rglob("*.yaml") if p.parent.name not in OVERLAY_DIRS)
+STUDY_RECIPES = "study"  # `python -m bhyt_pl study --config`: tests/study/test_config_file.py parses them
+BASES = sorted(p for p in RECIPES.rglob("*.yaml") if p.parent.name not in (*OVERLAY_DIRS, STUDY_RECIPES))
 OVERLAYS = sorted((RECIPES / "norms").glob("*.yaml"))
 STRATEGIES = sorted((RECIPES / "distributed").glob("*.yaml"))
 LOGGERS = sorted((RECIPES / "loggers").glob("*.yaml"))
