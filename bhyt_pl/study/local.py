@@ -224,7 +224,9 @@ class ProcessPoolLauncher:
                     events.append(RunEvent(spec, RunState.DONE, result=future.result()))
                 except Exception as exc:  # noqa: BLE001 - a run that raised, or one lost with a broken pool, fails alone
                     events.append(RunEvent(spec, RunState.FAILED, error=_failure(exc)))
-            elif future not in self._running and future.running():
+            elif future not in self._running and future.running() and len(self._running) < self.workers:
+                # the pool marks a run running once it sits in its call queue (workers + 1 of them), not when a
+                # worker takes it: the first `workers` of them, in submission order, are the ones training
                 self._running.add(future)
                 events.append(RunEvent(spec, RunState.RUNNING))
         return events

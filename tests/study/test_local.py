@@ -226,3 +226,28 @@ def test_a_small_study_through_the_process_pool_matches_the_inline_launcher(tmp_
             assert p["magnitude"] + p["variance"] == pytest.approx(q["magnitude"] + q["variance"], rel=1e-4)
     verdicts = [[t["verdict"] for t in c["tests"]] for c in inline["claims"]]
     assert verdicts == [[t["verdict"] for t in c["tests"]] for c in pool["claims"]]
+
+
+def test_the_pool_reports_as_running_only_as_many_runs_as_it_has_workers() -> None:
+    """A process pool marks a run running once it enters its call queue (workers + 1 of them): without a cap, a
+    2-worker pool showed "5 running". Futures stand in for the pool's (no worker process is started)."""
+    from concurrent.futures import Future
+
+    launcher = ProcessPoolLauncher(scripted_run, workers=2)
+    try:
+        futures = [Future() for _ in range(5)]
+        for future in futures:
+            future.set_running_or_notify_cancel()  # all five in the call queue
+        launcher._futures = dict(zip(futures, [RunSpec(label=f"q{i}", norm="rmsnorm") for i in range(5)], strict=True))
+        assert [(e.spec.label, e.state) for e in launcher.poll(timeout=0)] == [
+            ("q0", RunState.RUNNING),
+            ("q1", RunState.RUNNING),
+        ]
+        futures[0].set_result(scripted_run(RunSpec(label="q0", norm="rmsnorm")))
+        assert [(e.spec.label, e.state) for e in launcher.poll(timeout=0)] == [
+            ("q0", RunState.DONE),
+            ("q2", RunState.RUNNING),
+        ]
+        launcher._futures.clear()
+    finally:
+        launcher.close()
