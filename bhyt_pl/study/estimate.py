@@ -43,7 +43,7 @@ from bhyt_pl.study.plan import (
     selection_specs,
     sweep_specs,
 )
-from bhyt_pl.study.runner import RunResult, RunSpec
+from bhyt_pl.study.runner import RunResult, RunSpec, build_module
 from bhyt_pl.study.scheduler import finished_result
 
 if TYPE_CHECKING:
@@ -246,9 +246,6 @@ def probe_pace(spec: RunSpec, data: Any, steps: int, compile: bool = False, thre
     import lightning as L
     import torch
 
-    from bhyt_pl.module import LlamaLM
-    from bhyt_pl.run_config import data_run_facts
-
     if steps < 1:
         raise UsageError(f"--probe-steps must be >= 1 to probe, got {steps}")
     durations: list[float] = []
@@ -268,19 +265,7 @@ def probe_pace(spec: RunSpec, data: Any, steps: int, compile: bool = False, thre
             torch.compiler.reset()
         L.seed_everything(spec.seed, verbose=False)
         datamodule = data(spec.data_seed)
-        module = LlamaLM(
-            preset=spec.preset,
-            overrides=dict(spec.overrides),
-            norm=spec.norm,
-            norm_args=dict(spec.norm_args),
-            run_facts=data_run_facts(datamodule),
-            tokenizer=datamodule.tokenizer,
-            lr=spec.lr,
-            min_lr_ratio=spec.min_lr_ratio,
-            warmup_ratio=spec.warmup_ratio,
-            weight_decay=spec.weight_decay,
-            compile=compile,
-        )
+        module = build_module(spec, datamodule, compile)
         with tempfile.TemporaryDirectory(prefix="bhyt-probe-") as root:
             trainer = L.Trainer(
                 accelerator="cpu",

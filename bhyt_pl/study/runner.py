@@ -65,6 +65,7 @@ __all__ = [
     "RunResult",
     "RunSpec",
     "TrainerSettings",
+    "build_module",
     "run_dirname",
     "run_one",
 ]
@@ -205,6 +206,24 @@ def run_dirname(label: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.=@+-]+", "_", label)
 
 
+def build_module(spec: RunSpec, datamodule: L.LightningDataModule, compile: bool) -> LlamaLM:
+    """The ``LlamaLM`` a study run trains: the spec's model, scheme and schedule, with the data's run facts and
+    tokenizer. The dry run's pace probe (``bhyt_pl.study.estimate``) trains the same module."""
+    return LlamaLM(
+        preset=spec.preset,
+        overrides=dict(spec.overrides),
+        norm=spec.norm,
+        norm_args=dict(spec.norm_args),
+        run_facts=data_run_facts(datamodule),
+        tokenizer=datamodule.tokenizer,
+        lr=spec.lr,
+        min_lr_ratio=spec.min_lr_ratio,
+        warmup_ratio=spec.warmup_ratio,
+        weight_decay=spec.weight_decay,
+        compile=compile,
+    )
+
+
 def run_one(
     spec: RunSpec,
     datamodule_factory: Callable[[int], L.LightningDataModule],
@@ -260,19 +279,7 @@ def run_one(
             torch.compiler.reset()
         L.seed_everything(spec.seed, verbose=False)
         datamodule = datamodule_factory(spec.data_seed)
-        module = LlamaLM(
-            preset=spec.preset,
-            overrides=dict(spec.overrides),
-            norm=spec.norm,
-            norm_args=dict(spec.norm_args),
-            run_facts=data_run_facts(datamodule),
-            tokenizer=datamodule.tokenizer,
-            lr=spec.lr,
-            min_lr_ratio=spec.min_lr_ratio,
-            warmup_ratio=spec.warmup_ratio,
-            weight_decay=spec.weight_decay,
-            compile=settings.compile,
-        )
+        module = build_module(spec, datamodule, settings.compile)
         module.configure_model()  # built now (fit keeps it): the initial statistics see the weights that train
         result.n_layers, result.dim = module.config.n_layers, module.config.dim
         if saved is None:
