@@ -21,7 +21,8 @@ The LightningCLI subclass adds defaults, argument links and the checks that keep
   sharded ones by ``RunCheckpoint``; Ctrl-C finishes the step and saves (``--checkpoint.save_on_ctrl_c``);
 - every run writes ``<version dir>/train.log`` (``RunLogFile``: logging, warnings, the traceback);
 - on the command line, problems the user fixes (bad settings, files, a full disk, an incomplete checkpoint)
-  print one short error without a traceback and exit with status 2; a stopped peer process or a failed save
+  print one short error without a traceback and exit with status 2 (once, from rank 0, when every rank raises
+  it: ``UsageError(every_rank=True)``); a stopped peer process or a failed save
   prints one line naming the last complete checkpoint and the command that resumes, and exits with status 1
   (``bhyt_pl.failures``).
 """
@@ -508,7 +509,8 @@ def main(
         report.console_ready()  # the error starts a line of its own, not the end of the progress bar's
         message = user_error_message(err)
         if message is not None:
-            print(f"error: {message}", file=sys.stderr)
+            if not (getattr(err, "every_rank", False) and rank_zero_only.rank != 0):
+                print(f"error: {message}", file=sys.stderr)
             raise SystemExit(2) from None
         report.report_and_exit(err)  # a dead peer, a failed save: one line; else the traceback and train.log
         raise

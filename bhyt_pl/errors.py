@@ -10,4 +10,12 @@ __all__ = ["UsageError"]
 
 
 class UsageError(ValueError):
-    """A problem in the user's input or environment; the message names the field or file and the fix."""
+    """A problem in the user's input or environment; the message names the field or file and the fix.
+
+    ``every_rank=True`` marks an error that every rank of a multi-process run raises from the same inputs (a
+    setting, the shared data): the command line prints it once, from rank 0, instead of once per rank.
+    """
+
+    def __init__(self, message: str, *, every_rank: bool = False) -> None:
+        super().__init__(message)
+        self.every_rank = every_rank

@@ -6,6 +6,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
+from bhyt_pl.data.eval_set import eval_set
 from bhyt_pl.run_facts import build_run_facts
 
 
@@ -47,7 +48,9 @@ class TokenDataModule(L.LightningDataModule):
         return DataLoader(data, batch_size=self.batch_size, shuffle=False)
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(_Windows(16, self.seq_len, self.vocab, 1), batch_size=self.batch_size)
+        # the data modules' evaluation set: the first limit_val_batches x batch_size windows, window i on rank i mod W
+        share = eval_set(self.trainer, "validation", self.batch_size)
+        return share.loader(_Windows(16, self.seq_len, self.vocab, 1), batch_size=self.batch_size)
 
 
 TINY_OVERRIDES = {

@@ -1,17 +1,22 @@
-"""Distributed training on CPU (gloo): DDP and FSDP2 against one process, sharded checkpoints,
-exact resume after SIGKILL. Every multi-process job runs as a subprocess with a clean environment."""
+"""Distributed training on CPU (gloo): DDP and FSDP2 against one process, validation included, sharded
+checkpoints, exact resume after SIGKILL, evaluation (validate, test, predict) on two ranks against one process,
+and the README's two-process rehearsal. Every multi-process job runs as a subprocess with a clean environment."""
 
 from __future__ import annotations
 
+import gzip
+import json
+import shutil
 import signal
 from pathlib import Path
 
 import pytest
 import torch
-from distributed_jobs.launch import ROOT, records, run, write_yaml
+from distributed_jobs.launch import ROOT, records, run, val_records, write_yaml
 
 from bhyt_pl import Llama, LlamaConfig, load_model, registered_norms
 from bhyt_pl.checkpoint_io import AtomicCheckpointIO, consolidate_checkpoint
+from bhyt_pl.data import EMBEDDED_DATA_FILES
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -21,6 +26,7 @@ FSDP2 = {
     "init_args": {"data_parallel_size": 2, "tensor_parallel_size": 1},
 }
 LOSS_TOL = 2e-5  # fp32 on CPU: two ranks sum gradients in another order than one process
+VAL_EVERY = 3  # validation every 3 steps and at the last one
 
 
 def _fit(
@@ -36,6 +42,7 @@ def _fit(
     resume: bool = False,
     probe: bool = False,
     init: Path | None = None,
+    val_batches: int = 2,
     extra: list[str] = (),
 ) -> Path:
     out = tmp / "records" / name
@@ -43,7 +50,8 @@ def _fit(
         "trainer": {
             "devices": devices,
             "max_steps": steps,
-            "limit_val_batches": 0,
+            "limit_val_batches": val_batches,  # batches of the whole validation set, split evenly across the ranks
+            "val_check_interval": VAL_EVERY,
             "log_every_n_steps": 1,
             "enable_progress_bar": False,
             "enable_model_summary": False,
@@ -121,10 +129,21 @@ def initial_weights(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def one_process_reference(tmp_path_factory, initial_weights) -> list[float]:
-    """1 process, global batch 8: the curve DDP and FSDP2 must reproduce."""
+def one_process_reference(tmp_path_factory, initial_weights) -> Path:
+    """1 process, global batch 8, validation on the 16 windows of 2 batches: the run DDP and FSDP2 must reproduce."""
     tmp = tmp_path_factory.mktemp("ref")
-    return _losses(_fit(tmp, "ref", data=_token_data(8), init=initial_weights))
+    return _fit(tmp, "ref", data=_token_data(8), init=initial_weights)
+
+
+def _check_validation(out: Path, steps: list[int], reference: Path | None = None, tol: float = LOSS_TOL) -> None:
+    """``val/loss`` logged after ``steps``, the same on every rank, and (``reference``) equal to that run's."""
+    val = val_records(out)
+    assert val and all([r["step"] for r in rank] == steps for rank in val.values()), val
+    for rank in val.values():
+        assert [r["val_loss"] for r in rank] == [r["val_loss"] for r in val[0]]  # the synced token mean
+    if reference is not None:
+        expected = [r["val_loss"] for r in val_records(reference)[0]]
+        assert max(abs(r["val_loss"] - e) for r, e in zip(val[0], expected, strict=True)) <= tol
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
@@ -139,16 +158,19 @@ def test_two_processes_match_one_process_with_the_same_global_batch(
         data=_token_data(4),
         probe=strategy == "fsdp2",
         init=initial_weights,
+        val_batches=4,  # 4 x 4 windows: the reference's 16 (2 x 8), 8 on each rank
         extra=["--trainer.use_distributed_sampler", "false"],
     )
     recs = records(out)
+    reference = _losses(one_process_reference)
     # the logged loss is each rank's mean over its half; the global loss is their mean (equal token counts)
     global_losses = [(a["loss"] + b["loss"]) / 2 for a, b in zip(recs[0], recs[1])]
-    assert len(global_losses) == len(one_process_reference) == 6
-    assert max(abs(a - b) for a, b in zip(global_losses, one_process_reference)) < LOSS_TOL
+    assert len(global_losses) == len(reference) == 6
+    assert max(abs(a - b) for a, b in zip(global_losses, reference)) < LOSS_TOL
     for a, b in zip(recs[0], recs[1]):  # different data on each rank, same step and LR
         assert not set(a["rows"]) & set(b["rows"])
         assert a["lr"] == b["lr"] and a["step"] == b["step"]
+    _check_validation(out, [3, 6], reference=one_process_reference)
     if strategy == "fsdp2":
         _check_sharded_checkpoint(tmp_path, out)
 
@@ -179,6 +201,7 @@ def _check_sharded_checkpoint(tmp: Path, out: Path) -> None:
         extra=["--trainer.use_distributed_sampler", "false"],
     )
     assert [r["step"] for r in records(resumed)[0]] == [7, 8]
+    _check_validation(resumed, [8])  # the last step's pass
 
 
 def test_every_norm_scheme_trains_under_fsdp2(tmp_path) -> None:
@@ -221,6 +244,8 @@ def test_sigkill_then_resume_from_last_is_identical_in_one_process(tmp_path) -> 
         assert a["rows"] == b["rows"]  # the same windows in the same order
         assert a["lr"] == b["lr"]
         assert a["loss"] == b["loss"]  # bit-identical on CPU in one process
+    _check_validation(cut_dir, [3, 6, 8], reference=tmp_path / "records" / "full", tol=0.0)  # 3 before the kill
+    _check_validation(tmp_path / "records" / "full", [3, 6, 8])
 
 
 def test_sigkill_then_resume_under_ddp(tmp_path) -> None:
@@ -235,6 +260,73 @@ def test_sigkill_then_resume_under_ddp(tmp_path) -> None:
         for a, b in zip(cut[rank], full[rank]):
             assert a["rows"] == b["rows"] and a["lr"] == b["lr"]
             assert abs(a["loss"] - b["loss"]) < LOSS_TOL
+    _check_validation(tmp_path / "records" / "ddpfull", [3, 6])
+    _check_validation(tmp_path / "records" / "ddpcut", [3, 6], reference=tmp_path / "records" / "ddpfull")
+
+
+def test_evaluation_on_two_ranks_reads_and_scores_what_one_process_does(initial_weights, tmp_path) -> None:
+    """``validate``, ``test`` and ``predict`` of C4 and LIMA under DDP and FSDP2 on 2 ranks. Each rank read the
+    batches of its own files or its padded sampler's share: FSDP2's forward hung when one rank had a batch less.
+    Now the ranks read equally many batches, item i on rank i mod 2, together the first items one process reads
+    under the same limits; ``val/loss``, ``test/loss`` and each sequence's NLL equal one process's."""
+    from distributed_jobs.eval_shares import LIMITS, evaluate
+
+    job = ROOT / "tests" / "distributed_jobs" / "eval_shares.py"
+    run(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(job), str(tmp_path),
+         str(initial_weights)])  # fmt: skip
+    ranks = [torch.load(tmp_path / f"eval_shares_rank{rank}.pt") for rank in (0, 1)]
+    for data, limit in LIMITS.items():
+        one = evaluate(data, str(initial_weights))
+        for strategy in ("ddp", "fsdp2"):
+            first, second = (ranks[rank][strategy, data] for rank in (0, 1))
+            for stage, rows in one["rows"].items():
+                assert len(rows) == limit * 2  # the limit counts batches of 2 of the whole set: half on each rank
+                assert len(first["rows"][stage]) == len(second["rows"][stage]) == limit, (strategy, data, stage)
+                assert [row for pair in zip(first["rows"][stage], second["rows"][stage]) for row in pair] == rows
+            for key in ("val_loss", "test_loss"):
+                assert first[key] == second[key] == pytest.approx(one[key], rel=1e-6), (strategy, data, key)
+            assert first["nll"] == pytest.approx(one["nll"][0::2], rel=1e-6)
+            assert second["nll"] == pytest.approx(one["nll"][1::2], rel=1e-6)
+            assert first["own_sampler"] == second["own_sampler"] == (data == "lima")  # Lightning kept LIMA's sampler
+
+
+@pytest.mark.parametrize(
+    "launch",
+    [["--config", "recipes/distributed/fsdp2-cpu.yaml"], ["--trainer.devices", "2", "--trainer.strategy", "ddp"]],
+    ids=["fsdp2", "ddp"],
+)
+def test_the_readme_two_process_rehearsal_validates_and_finishes(launch: list[str], tmp_path) -> None:
+    """The README's FSDP2-on-CPU rehearsal with validation every 2 steps (and DDP instead of FSDP2) hung in its
+    first validation pass: one rank's validation file gave a batch less than the other's."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run(["-m", "bhyt_pl", "fit", "--config", "recipes/tiny.yaml", *launch, "--trainer.max_steps", "4",
+         "--trainer.val_check_interval", "2", "--runs_dir", str(tmp_path)], timeout=300)  # fmt: skip
+    events = EventAccumulator(str(tmp_path / "tiny-rmsnorm" / "version_0"), size_guidance={"scalars": 0})
+    events.Reload()
+    # the passes after steps 2 and 4: the depth statistics log them at trainer.global_step, Lightning logs its own
+    # metrics inside fit at the number of optimizer steps before the current one's (1 and 3)
+    assert [event.step for event in events.Scalars("depth_val/magnitude/layer_00")] == [2, 4]
+    assert [event.step for event in events.Scalars("val/loss")] == [1, 3]
+
+
+def test_a_validation_split_too_small_for_the_ranks_is_one_error_line_before_training(tmp_path) -> None:
+    """Every rank raises it in ``setup``; rank 0 alone prints it, and no step is taken."""
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    shutil.copy(EMBEDDED_DATA_FILES["train"][0], shards)
+    with gzip.open(shards / "c4-validation.00000-of-00001.json.gz", "wt") as f:
+        f.write(json.dumps({"text": "In the beginning God created the heaven and the earth."}) + "\n")  # one window
+    proc = run(["-m", "bhyt_pl", "fit", "--config", "recipes/tiny.yaml", "--trainer.devices", "2",
+                "--trainer.strategy", "ddp", "--data.init_args.data_files", str(shards),
+                "--data.init_args.seq_len", "8", "--runs_dir", str(tmp_path / "runs")], check=False)  # fmt: skip
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and errors == [
+        "error: C4 split 'validation' has 1 window of 9 tokens for 2 ranks; every rank needs at least one: give it "
+        "more documents (--data.init_args.data_files), a shorter --data.init_args.seq_len or fewer devices, or no "
+        "validation (--data.init_args.val_split null)"
+    ], proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and not list((tmp_path / "runs").rglob("*.ckpt"))
 
 
 def test_atomic_checkpoint_io_never_leaves_a_truncated_file(tmp_path, monkeypatch) -> None:

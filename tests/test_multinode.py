@@ -1,5 +1,5 @@
 """Multi-node launches: two torchrun "nodes" of one process each on 127.0.0.1 (gloo, CPU), started with the
-shipped ``recipes/distributed/torchrun.sh`` and ``recipes/distributed/multinode.yaml``, train exactly as a
+shipped ``recipes/distributed/torchrun.sh`` and ``recipes/distributed/multinode.yaml``, train and validate exactly as a
 2-process single-node DDP run of the same recipe; the SLURM batch script agrees with the recipe."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from distributed_jobs.launch import ROOT, clean_env, records, run, write_yaml
+from distributed_jobs.launch import ROOT, clean_env, records, run, val_records, write_yaml
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -27,7 +27,8 @@ def _job(tmp: Path, name: str) -> list[str]:
             "accelerator": "cpu",
             "strategy": "ddp",
             "max_steps": 5,
-            "limit_val_batches": 0,
+            "limit_val_batches": 2,  # 2 x 4 windows of the whole validation set, 4 on each rank
+            "val_check_interval": 2,  # after steps 2 and 4, and the last one
             "log_every_n_steps": 1,
             "enable_progress_bar": False,
             "enable_model_summary": False,
@@ -89,6 +90,12 @@ def test_two_torchrun_nodes_match_one_node_with_two_processes(tmp_path: Path) ->
         # the same losses: gloo sums the two ranks' gradients in the same order on one node or two
         assert [r["loss"] for r in two_nodes[rank]] == pytest.approx([r["loss"] for r in one_node[rank]], abs=1e-6)
     assert not set(two_nodes[0][0]["rows"]) & set(two_nodes[1][0]["rows"])  # each rank its own windows
+    two_nodes_val, one_node_val = val_records(tmp_path / "nodes"), val_records(tmp_path / "single")
+    for val in (two_nodes_val, one_node_val):
+        assert sorted(val) == [0, 1] and val[0] == val[1]  # the synced val/loss, on every rank
+        assert [r["step"] for r in val[0]] == [2, 4, 5]
+    expected = [r["val_loss"] for r in one_node_val[0]]
+    assert [r["val_loss"] for r in two_nodes_val[0]] == pytest.approx(expected, abs=1e-6)
 
 
 def _sbatch(name: str) -> int:

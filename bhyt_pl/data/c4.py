@@ -7,6 +7,9 @@ Pipeline of one stream (a rank's DataLoader worker, or the rank itself with ``nu
       --shuffle(seed, buffer, epoch)--> documents --encode_batch--> [BOS] ids [EOS] ... --pack--> windows [L+1]
 
 Batches are ``{"input_ids": window[:, :-1], "labels": window[:, 1:]}``, both [B, L].
+
+Validation, test and predict read the validation split differently: one stream of every file in order, unshuffled,
+read by every rank, which keeps its equal share of the first windows (``bhyt_pl.data.eval_set``).
 """
 
 from __future__ import annotations
@@ -20,12 +23,14 @@ import os
 import zlib
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator
+from itertools import islice
 from typing import Any
 
 import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from bhyt_pl.data.eval_set import EvalSet, SharedStream, eval_set, eval_stages
 from bhyt_pl.data.tokenizer import ASSETS_DIR, EMBEDDED, HUB_TOKENIZER, SpecialTokens, load_tokenizer
 from bhyt_pl.errors import UsageError
 from bhyt_pl.run_facts import build_run_facts
@@ -449,6 +454,25 @@ class C4DataModule(LightningDataModule):
         if self.val_split is not None and self.val_split not in files:
             log.info("C4 source %r has no %r split: no validation", source, self.val_split)
         self.files = files
+        if self._has_eval_split():
+            for eval_stage in eval_stages(stage):
+                self._require_eval_windows(eval_set(self.trainer, eval_stage, self.batch_size))
+
+    def _has_eval_split(self) -> bool:
+        return self.val_split is not None and self.val_split in self.files
+
+    def _require_eval_windows(self, share: EvalSet) -> None:
+        """Before any step: fail in one line when the split has fewer windows than ranks (read that far only)."""
+        if share.size == 0 or share.world_size == 1:
+            return
+        windows = PackedWindows(self.files[self.val_split], self.tokenizer, self.seq_len).windows(0, 1)
+        count = sum(1 for _ in islice(windows, share.world_size))
+        share.require(
+            count,
+            f"C4 split {self.val_split!r} has {count} window{'' if count == 1 else 's'} of {self.seq_len + 1} tokens",
+            "give it more documents (--data.init_args.data_files), a shorter --data.init_args.seq_len or fewer "
+            "devices, or no validation (--data.init_args.val_split null)",
+        )
 
     def _windows(self, split: str, shuffle_buffer: int) -> PackedWindows:
         rank, world = (self.trainer.global_rank, self.trainer.world_size) if self.trainer is not None else (0, 1)
@@ -461,27 +485,33 @@ class C4DataModule(LightningDataModule):
             self._windows(self.train_split, self.shuffle_buffer), self.batch_size, num_workers=self.num_workers
         )
 
-    def val_dataloader(self) -> DataLoader | list:
-        """The same batches at every pass, the sanity check included: this rank's shard of the validation
-        split from its start, in file order (no shuffle), so ``val/loss`` moves only with the weights and a
-        resumed run validates on what the uninterrupted one does. A plain ``DataLoader`` over an iterable
-        dataset restarts at each ``iter()``; ``trainer.limit_val_batches`` takes the first N batches."""
-        if self.val_split is None or self.val_split not in self.files:
+    def _eval_loader(self, stage: str) -> DataLoader | list:
+        """The evaluation set (``bhyt_pl.data.eval_set``) of the validation split's windows in file order, no
+        shuffle: the first K windows, window i on rank i mod W, so every rank gets the same number of batches
+        and every pass (the sanity check included) the same ones; ``val/loss`` moves only with the weights and
+        a resumed run validates on what the uninterrupted one does. Every rank reads the stream from its start
+        up to K windows, in the main process or one DataLoader worker (a plain ``DataLoader`` over an iterable
+        dataset restarts at each ``iter()``)."""
+        if not self._has_eval_split():
             return []
-        windows = self._windows(self.val_split, shuffle_buffer=0)
-        workers = min(self.num_workers, len(self.files[self.val_split]) // windows.world_size)
-        return DataLoader(windows, batch_size=self.batch_size, num_workers=workers, collate_fn=collate_fixed_windows)
+        share = eval_set(self.trainer, stage, self.batch_size)
+        windows = PackedWindows(self.files[self.val_split], self.tokenizer, self.seq_len)  # every file, one stream
+        return DataLoader(
+            SharedStream(windows, share),
+            batch_size=self.batch_size,
+            num_workers=min(self.num_workers, 1),
+            collate_fn=collate_fixed_windows,
+        )
+
+    def val_dataloader(self) -> DataLoader | list:
+        """The validation set: the first ``trainer.limit_val_batches`` x ``batch_size`` windows of the split."""
+        return self._eval_loader("validation")
 
     def test_dataloader(self) -> DataLoader | list:
-        """C4 has no labelled test split: ``test`` reads the validation split."""
-        return self.val_dataloader()
+        """C4 has no labelled test split: ``test`` reads the validation split (``limit_test_batches``)."""
+        return self._eval_loader("test")
 
     def predict_dataloader(self) -> DataLoader | list:
-        """``predict`` scores the validation windows (per-sequence NLL, see ``LlamaLM.predict_step``).
-
-        A plain ``DataLoader``: prediction needs no resumable position, and Lightning rebuilds predict
-        loaders with its own batch-index tracking."""
-        if self.val_split is None or self.val_split not in self.files:
-            return []
-        windows = self._windows(self.val_split, shuffle_buffer=0)
-        return DataLoader(windows, batch_size=self.batch_size, collate_fn=collate_fixed_windows)
+        """``predict`` scores the validation windows (per-sequence NLL, see ``LlamaLM.predict_step``) of the
+        first ``limit_predict_batches`` x ``batch_size``."""
+        return self._eval_loader("predict")

@@ -18,6 +18,7 @@ from tokenizers import Tokenizer
 from torch.utils.data import DataLoader, Dataset
 
 from bhyt_pl.data.chat import ChatTemplate, chat_segments
+from bhyt_pl.data.eval_set import eval_set, eval_stages
 from bhyt_pl.data.tokenizer import HUB_TOKENIZER, SpecialTokens, load_tokenizer
 from bhyt_pl.run_facts import build_run_facts
 from bhyt_pl.validation import raise_if_problems
@@ -232,8 +233,19 @@ class LIMADataModule(LightningDataModule):
         self._rows()  # downloads (Hub) or builds the Arrow cache (local) once, on rank 0
 
     def setup(self, stage: str | None = None) -> None:
-        if self.train_dataset is not None:
-            return
+        if self.train_dataset is None:
+            self._build_datasets()
+        if self.val_dataset is not None:
+            for eval_stage in eval_stages(stage):
+                # before any step: a rank without a conversation would leave the others waiting in the pass
+                eval_set(self.trainer, eval_stage, self.batch_size).require(
+                    len(self.val_dataset),
+                    f"LIMA validation split has {len(self.val_dataset)} conversation(s) "
+                    f"(val_split_fraction={self.val_split_fraction})",
+                    "raise --data.init_args.val_split_fraction or use fewer devices",
+                )
+
+    def _build_datasets(self) -> None:
         tokenizer = load_tokenizer(self.tokenizer)
         self.special_tokens = SpecialTokens.from_tokenizer(tokenizer)
         self.skipped, self.truncated = Counter(), Counter()
@@ -276,20 +288,26 @@ class LIMADataModule(LightningDataModule):
             collate_fn=_Collate(self.special_tokens.pad_id),
         )
 
-    def val_dataloader(self) -> DataLoader | list:
+    def _eval_loader(self, stage: str) -> DataLoader | list:
+        """The evaluation set (``bhyt_pl.data.eval_set``): the first K held-out conversations in their order,
+        conversation i on rank i mod W, so every rank gets the same number of batches."""
         if self.val_dataset is None:
             return []
-        return DataLoader(
+        return eval_set(self.trainer, stage, self.batch_size).loader(
             self.val_dataset,
             batch_size=self.batch_size,
             num_workers=self.num_workers,
             collate_fn=_Collate(self.special_tokens.pad_id),
         )
 
+    def val_dataloader(self) -> DataLoader | list:
+        """The held-out conversations, the first ``trainer.limit_val_batches`` x ``batch_size`` of them."""
+        return self._eval_loader("validation")
+
     def test_dataloader(self) -> DataLoader | list:
         """LIMA's own test split has prompts only: ``test`` reads the held-out validation conversations."""
-        return self.val_dataloader()
+        return self._eval_loader("test")
 
     def predict_dataloader(self) -> DataLoader | list:
         """``predict`` scores the held-out conversations (per-sequence NLL of the responses)."""
-        return self.val_dataloader()
+        return self._eval_loader("predict")

@@ -11,6 +11,10 @@ Examples::
     python -m bhyt_pl eval --ckpt_path sft.ckpt --chat_template --perplexity c4 wikitext2 \\
         --ppl_data_files c4=c4-validation.00000-of-00008.json.gz wikitext2=wiki.test.raw
 
+One process evaluates everything, on one ``--device``: the command has no data-parallel mode (lm-eval would have
+every launched process score every example and write the same files), so launched as one of several processes
+(``WORLD_SIZE`` > 1, as torchrun sets it) it stops before any work with one error line.
+
 Results: lm-eval's table on stdout, ``<checkpoint>.eval.json`` beside the checkpoint (``--output_path``),
 and ``eval/<task>/<metric>`` / ``eval/ppl/<source>/token_perplexity`` scalars in the run's TensorBoard
 log (the checkpoint's own ``version_N`` folder; for the older ``<run>/checkpoints/`` layout the newest
@@ -22,9 +26,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from bhyt_pl.errors import UsageError
 
 __all__ = ["PAPER_TASKS", "build_parser", "main", "tensorboard_scalars"]
 
@@ -176,8 +183,18 @@ def _tensorboard_dir(choice: str, ckpt_path: Path) -> Path | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the evaluation; returns the process exit code."""
+    """Run the evaluation; returns the process exit code.
+
+    Raises:
+        UsageError: the process is one of several (``WORLD_SIZE`` > 1): the evaluation runs on one process.
+    """
     args = build_parser().parse_args(argv)
+    world_size = os.environ.get("WORLD_SIZE", "1")
+    if world_size.strip().isdigit() and int(world_size) > 1:
+        raise UsageError(
+            f"python -m bhyt_pl eval runs on one process, but this one was launched as one of WORLD_SIZE={world_size} "
+            "(by torchrun or another launcher): run it without the launcher, and pick the GPU with --device"
+        )
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     import lm_eval
     from lm_eval.utils import handle_non_serializable, make_table

@@ -13,6 +13,8 @@ recipe). Offline, give local files: JSON lines (optionally gzipped) with a ``tex
 text file (one document, e.g. WikiText's ``wiki.test.raw``); ``c4=embedded`` uses the bundled
 validation shards.
 
+One process scores every document (``python -m bhyt_pl eval`` refuses to run as one of several processes).
+
 Example:
     >>> from bhyt_pl.eval.perplexity import perplexity, load_texts
     >>> texts = load_texts("c4", "embedded", max_documents=10)  # doctest: +SKIP

@@ -6,6 +6,7 @@ import re
 import zlib
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -72,31 +73,67 @@ def test_two_ranks_two_workers_are_disjoint_and_complete(c4_dir: Path):
     assert sorted(seen_shards) == [0, 1, 2, 3]
 
 
+def _rank_trainer(rank: int, world: int, limit: int | float) -> SimpleNamespace:
+    """What the data module reads of a Trainer: its data-parallel position and the evaluation limits."""
+    position = {"rank": rank, "num_replicas": world}
+    return SimpleNamespace(global_rank=rank, world_size=world, distributed_sampler_kwargs=position,
+                           limit_val_batches=limit, limit_test_batches=limit, limit_predict_batches=limit)  # fmt: skip
+
+
+def _rows(batches: list[dict]) -> list[list[int]]:
+    return [r for b in batches for r in torch.cat([b["input_ids"][:, :1], b["labels"]], 1).tolist()]
+
+
 @pytest.mark.parametrize("num_workers", [0, 1])
-def test_validation_reads_the_same_batches_from_the_start_at_every_pass(c4_dir: Path, num_workers: int):
-    """The loader continued where the previous pass stopped: with ``limit_val_batches`` of a longer split the
-    sanity check, each pass and a resumed run read different batches. Each rank reads its own fixed shard."""
-    from types import SimpleNamespace
-
+def test_ranks_validate_on_equal_shares_of_the_first_windows_at_every_pass(c4_dir: Path, num_workers: int):
+    """Each rank read its own validation file: ranks got different numbers of batches (a FSDP2 forward then hung
+    in the pass) and ``limit_val_batches`` counted per rank. Now the validation set is the first
+    ``limit_val_batches`` x ``batch_size`` windows of the split in file order, window i on rank i mod 2, the same
+    batches at every pass; ``test`` and ``predict`` read it the same way under their own limits."""
     write_shard(c4_dir / "en" / "c4-validation.00001-of-00001.json.gz", [c4_row(t) for t in word_docs(8, 6)])
+    one_process = reference_windows(word_docs(9, 6) + word_docs(8, 6), 8)  # the files in order, one stream
+    assert len(one_process) >= 12
 
-    def rows(batches: list[dict]) -> list[list[int]]:
-        return [r for b in batches for r in torch.cat([b["input_ids"][:, :1], b["labels"]], 1).tolist()]
+    def loaders(limit: int | float, world: int) -> list[dict[str, DataLoader]]:
+        result = []
+        for rank in range(world):
+            dm = C4DataModule(data_files=str(c4_dir), tokenizer="embedded", seq_len=8, batch_size=2,
+                              num_workers=num_workers, shuffle_buffer=4)  # fmt: skip
+            dm.trainer = _rank_trainer(rank, world, limit)
+            dm.setup("fit")
+            result.append(
+                {"val": dm.val_dataloader(), "test": dm.test_dataloader(), "predict": dm.predict_dataloader()}
+            )
+        return result
 
-    shards = []
-    for rank in range(2):
-        dm = C4DataModule(data_files=str(c4_dir), tokenizer="embedded", seq_len=8, batch_size=2,
-                          num_workers=num_workers, shuffle_buffer=4)  # fmt: skip
-        dm.trainer = SimpleNamespace(global_rank=rank, world_size=2)
+    for limit, first in ((3, 6), (1.0, len(one_process) // 2 * 2)):  # 3 batches of 2 windows; the whole split
+        ranks = loaders(limit, 2)
+        for name in ("val", "test", "predict"):
+            passes = [[list(rank[name]) for rank in ranks] for _ in range(2)]
+            assert [_rows(b) for b in passes[0]] == [_rows(b) for b in passes[1]]  # the same at every pass
+            zero, one = passes[0]
+            assert len(zero) == len(one)  # the same number of batches on each rank
+            assert _rows(zero) == one_process[0:first:2] and _rows(one) == one_process[1:first:2]
+    (single,) = loaders(3, 1)
+    assert _rows(list(single["val"])) == one_process[:6]  # one process: 3 batches of 2, the same 6 windows
+
+
+def test_a_validation_split_with_fewer_windows_than_ranks_fails_at_setup(tmp_path: Path):
+    write_shard(tmp_path / "c4-train.00000-of-00001.json.gz", [c4_row(t) for t in word_docs(0, 12)])
+    write_shard(tmp_path / "c4-validation.00000-of-00001.json.gz", [c4_row(word_docs(9, 1)[0])])
+    assert len(reference_windows(word_docs(9, 1), 16)) == 1
+    dm = C4DataModule(data_files=str(tmp_path), tokenizer="embedded", seq_len=16, batch_size=2)
+    dm.trainer = _rank_trainer(0, 2, 8)
+    with pytest.raises(UsageError) as err:
         dm.setup("fit")
-        loader = dm.val_dataloader()
-        limited = [[b for _, b in zip(range(2), loader)] for _ in range(2)]  # two passes cut at 2 batches
-        full, again = list(loader), [b for _, b in zip(range(2), loader)]
-        assert rows(limited[0]) == rows(limited[1]) == rows(again) == rows(full)[:4]
-        (shard,) = {int(s) for s in re.findall(r"\bs(\d)d", load_tokenizer("embedded").decode(rows(full)[0]))}
-        assert rows(full) == reference_windows(word_docs(shard, 6), 8)  # its shard, from the start, in order
-        shards.append(shard)
-    assert sorted(shards) == [8, 9]
+    assert str(err.value).startswith(
+        "C4 split 'validation' has 1 window of 17 tokens for 2 ranks; every rank needs at least one: give it more "
+    )
+    assert "\n" not in str(err.value) and err.value.every_rank
+    dm.trainer = _rank_trainer(0, 2, 0)  # no validation: nothing to require
+    dm.setup("fit")
+    dm.trainer = _rank_trainer(0, 1, 8)  # one rank: one window is enough
+    dm.setup("validate")
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])

@@ -3,11 +3,13 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from bhyt_pl.data import LIMADataModule, encode_conversation, load_tokenizer, parse_row
+from bhyt_pl.errors import UsageError
 
 from .conftest import FIXTURES
 
@@ -107,6 +109,48 @@ def test_lima_jsonl_fixture_loads_skips_and_counts(caplog: pytest.LogCaptureFixt
     batch = next(iter(dm.train_dataloader()))
     assert set(batch) == {"input_ids", "labels"} and batch["input_ids"].shape == batch["labels"].shape
     assert batch["input_ids"].shape[1] <= max(len(ids) for ids, _ in dm.train_dataset.examples)
+
+
+def _rank_trainer(rank: int, world: int, limit: int | float) -> SimpleNamespace:
+    """What the data module reads of a Trainer: its data-parallel position and the evaluation limits."""
+    position = {"rank": rank, "num_replicas": world}
+    return SimpleNamespace(distributed_sampler_kwargs=position, limit_val_batches=limit, limit_test_batches=limit,
+                           limit_predict_batches=limit)  # fmt: skip
+
+
+def test_ranks_evaluate_equal_shares_of_the_first_held_out_conversations():
+    """Lightning's sampler padded the last ranks with repeated conversations and ``limit_val_batches`` counted per
+    rank: ``val/loss`` changed with the number of processes. Now the first ``limit`` x ``batch_size`` held-out
+    conversations, conversation i on rank i mod 2, for validation, test and predict."""
+    data = str(FIXTURES / "lima_tiny.jsonl")
+    one = LIMADataModule(data_files=data, tokenizer="embedded", batch_size=2, val_split_fraction=0.75)
+    one.setup("validate")
+    held_out = [ids for ids, _ in one.val_dataset.examples]
+    assert len(held_out) == 6
+    for limit, first in ((2, 4), (1.0, 6)):
+        shares = []
+        for rank in range(2):
+            dm = LIMADataModule(data_files=data, tokenizer="embedded", batch_size=2, val_split_fraction=0.75)
+            dm.trainer = _rank_trainer(rank, 2, limit)
+            dm.setup("fit")
+            loaders = (dm.val_dataloader(), dm.test_dataloader(), dm.predict_dataloader())
+            shares.append([[[t for t in row if t != PAD] for b in loader for row in b["input_ids"].tolist()]
+                           for loader in loaders])  # fmt: skip
+        for zero, one_ in zip(*shares):
+            assert zero == held_out[0:first:2] and one_ == held_out[1:first:2]
+
+
+def test_a_held_out_split_smaller_than_the_ranks_fails_at_setup():
+    dm = LIMADataModule(data_files=str(FIXTURES / "lima_tiny.jsonl"), tokenizer="embedded", val_split_fraction=0.1)
+    dm.trainer = _rank_trainer(1, 2, 4)
+    with pytest.raises(UsageError) as err:
+        dm.setup("test")
+    assert str(err.value) == (
+        "LIMA validation split has 1 conversation(s) (val_split_fraction=0.1) for 2 ranks; every rank needs at least "
+        "one: raise --data.init_args.val_split_fraction or use fewer devices"
+    )
+    dm.trainer = _rank_trainer(1, 2, 0)  # no test: nothing to require
+    dm.setup("test")
 
 
 def test_right_padding_uses_pad_id_and_ignores_padded_labels():

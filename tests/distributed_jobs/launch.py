@@ -55,9 +55,14 @@ def write_yaml(path: Path, data: dict) -> str:
     return str(path)
 
 
-def records(out_dir: Path) -> dict[int, list[dict]]:
-    """rank -> the step records of that rank, in order."""
+def records(out_dir: Path, prefix: str = "") -> dict[int, list[dict]]:
+    """rank -> the step records of that rank, in order (``prefix="val_"``: its validation records)."""
     result = {}
-    for f in sorted(out_dir.glob("rank*.jsonl")):
-        result[int(f.stem[4:])] = [json.loads(line) for line in f.read_text().splitlines()]
+    for f in sorted(out_dir.glob(f"{prefix}rank*.jsonl")):
+        result[int(f.stem[len(prefix) + 4 :])] = [json.loads(line) for line in f.read_text().splitlines()]
     return result
+
+
+def val_records(out_dir: Path) -> dict[int, list[dict]]:
+    """rank -> ``{"step", "val_loss"}`` of each validation pass of that rank (``StepRecorder``), in order."""
+    return records(out_dir, prefix="val_")

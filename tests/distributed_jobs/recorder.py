@@ -1,6 +1,7 @@
 """A test-only callback for multi-process jobs: records, per rank and optimizer step, the loss, the
-learning rate and a hash of every training window, as JSON lines flushed at once (so a SIGKILL loses
-nothing already recorded); optionally kills its own process to simulate a hard stop."""
+learning rate and a hash of every training window, and after each validation pass (not the sanity check) the
+step and the logged ``val/loss``, as JSON lines flushed at once (so a SIGKILL loses nothing already recorded);
+optionally kills its own process to simulate a hard stop."""
 
 from __future__ import annotations
 
@@ -18,9 +19,9 @@ class StepRecorder(L.Callback):
     def __init__(self, out_dir: str, kill_at_step: int | None = None, probe_logits: bool = False) -> None:
         self.out_dir, self.kill_at_step, self.probe_logits = Path(out_dir), kill_at_step, probe_logits
 
-    def _write(self, trainer: L.Trainer, record: dict) -> None:
+    def _write(self, trainer: L.Trainer, record: dict, prefix: str = "") -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.out_dir / f"rank{trainer.global_rank}.jsonl", "a") as f:
+        with open(self.out_dir / f"{prefix}rank{trainer.global_rank}.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
             f.flush()
 
@@ -43,6 +44,11 @@ class StepRecorder(L.Callback):
                 "world_size": trainer.world_size,
             },
         )
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if not trainer.sanity_checking:
+            record = {"step": trainer.global_step, "val_loss": float(trainer.callback_metrics["val/loss"])}
+            self._write(trainer, record, prefix="val_")
 
     def on_train_end(self, trainer, pl_module) -> None:
         if not self.probe_logits:

@@ -101,6 +101,25 @@ def test_argument_errors(small_checkpoint, tmp_path):
         main([*base, "--include_path", str(tmp_path / "missing")])
 
 
+@pytest.mark.parametrize("world_size", ["2", "1"])
+def test_a_launch_as_one_of_several_processes_is_one_error_line(world_size, tmp_path, monkeypatch, capsys) -> None:
+    """Under torchrun every process evaluated every example and wrote the same result files."""
+    missing = tmp_path / "missing.ckpt"
+    monkeypatch.setenv("WORLD_SIZE", world_size)
+    monkeypatch.setattr(sys, "argv", ["bhyt_pl", "eval", "--ckpt_path", str(missing), "--tasks", "none"])
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main()
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    if world_size == "2":
+        assert err == (
+            "error: python -m bhyt_pl eval runs on one process, but this one was launched as one of WORLD_SIZE=2 (by "
+            "torchrun or another launcher): run it without the launcher, and pick the GPU with --device\n"
+        )
+    else:  # one process: it goes on, to the missing checkpoint
+        assert "WORLD_SIZE" not in err and str(missing) in err and len(err.splitlines()) == 1, err
+
+
 def test_auto_tensorboard_dir_is_the_checkpoints_own_run_version(tmp_path) -> None:
     from bhyt_pl.eval.command import _tensorboard_dir
 
