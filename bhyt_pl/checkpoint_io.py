@@ -438,6 +438,7 @@ def consolidate_checkpoint(folder: str | Path, output: str | Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bhyt_pl consolidate",
+        allow_abbrev=False,  # a shortened flag is an error, never read as the flag it starts
         description="Consolidate a sharded (FSDP2 / distributed) checkpoint folder into one .ckpt file. An "
         "incomplete folder (an interrupted save) is refused, naming the newest complete checkpoint beside it.",
     )

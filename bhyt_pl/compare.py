@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from typing import Any
 
 import yaml
 
+from bhyt_pl import strict_json
 from bhyt_pl.callbacks.layer_metrics import layer_series, split_layer_key
 from bhyt_pl.callbacks.layer_stats import LayerStatistic, OnBlockOutput, statistics
 from bhyt_pl.errors import UsageError
@@ -189,7 +189,7 @@ def load_study_runs(path: str | Path, only: Sequence[str] = ()) -> list[RunData]
     label matches one of the ``only`` patterns (``fnmatch``, e.g. ``'bhyt@*-s0'``)."""
     path = Path(path)
     path = path / "results.json" if path.is_dir() else path
-    data = json.loads(path.read_text())
+    data = strict_json.loads(path.read_text())  # the study's encoding of NaN and infinity
     tokens_per_step = (data.get("meta") or {}).get("tokens_per_step")
     runs = []
     for result in data.get("runs", []):
@@ -356,6 +356,7 @@ def compare(paths: Sequence[str | Path], out: str | Path, only: Sequence[str] = 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bhyt_pl compare",
+        allow_abbrev=False,  # a shortened flag is an error, never read as the flag it starts
         description="Runs side by side: loss against tokens, depth profiles and stability in one figure, plus a "
         "markdown table of final values.",
     )

@@ -299,6 +299,7 @@ def _save_tokenizer(tok: Any, special: Any, max_length: int, out: Path) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m bhyt_pl export",
+        allow_abbrev=False,  # a shortened flag is an error, never read as the flag it starts
         description="Export a bhyt_pl LlamaLM checkpoint (any norm scheme) as a Hugging Face folder: config.json, "
         "model.safetensors, the tokenizer files and, for every scheme but plain rmsnorm, generated modeling code "
         "(load it with AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)). A plain rmsnorm model is "

@@ -181,3 +181,9 @@ def test_a_flat_profile_is_drawn_with_its_values_not_an_offset(tmp_path: Path) -
     assert entropy.yaxis.get_offset_text().get_text() == ""
     labels = [t.get_text() for t in entropy.get_yticklabels() if t.get_text()]
     assert labels and all(float(label.replace("\u2212", "-")) > 4.5 for label in labels), labels
+
+
+def test_a_shortened_flag_is_refused_not_read_as_the_flag_it_starts(tmp_path: Path, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["compare", str(tmp_path), "--onl", "bhyt@*"])  # not --only
+    assert exit_info.value.code == 2 and "unrecognized arguments: --onl" in capsys.readouterr().err

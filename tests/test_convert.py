@@ -385,3 +385,11 @@ def test_exported_files_have_the_mode_the_umask_gives(norm: str, tmp_path: Path)
     modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()}
     assert modes.pop("notes.txt") == 0o600
     assert "model.safetensors" in modes and set(modes.values()) == {0o640}, modes  # 0o666 & ~0o027
+
+
+def test_export_refuses_a_shortened_flag_rather_than_reading_it_as_the_flag_it_starts(capsys) -> None:
+    from bhyt_pl.convert import build_parser
+
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["--ckpt_path", "x.ckpt", "--out", "y", "--overwr"])  # not --overwrite
+    assert exit_info.value.code == 2 and "unrecognized arguments: --overwr" in capsys.readouterr().err

@@ -25,6 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
         "bhyt_pl.errors",
         "bhyt_pl.machine",
         "bhyt_pl.validation",
+        "bhyt_pl.strict_json",
         "bhyt_pl.tensors",
         "bhyt_pl.loss",
         "bhyt_pl.init",

@@ -63,6 +63,7 @@ QUICK = {
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m bhyt_pl bench",
+        allow_abbrev=False,  # a shortened flag is an error, never read as the flag it starts
         description="Time every norm scheme (norm sites, training step, KV-cache generation, activation memory) "
         "against rmsnorm and Hugging Face transformers in one interleaved run; print a markdown table, write JSON.",
     )

@@ -50,6 +50,7 @@ def _limit(value: str) -> int | float:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m bhyt_pl eval",
+        allow_abbrev=False,  # a shortened flag is an error, never read as the flag it starts
         description="Evaluate a bhyt_pl LlamaLM checkpoint (any norm scheme) with lm-evaluation-harness and "
         "token-level perplexity.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,

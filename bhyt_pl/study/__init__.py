@@ -8,11 +8,12 @@ selections, matched rates, runs by key); ``plan`` (the protocol's rules, run lis
 (the launcher protocol), ``local`` (the process-pool and in-process launchers), ``scheduler`` (runs handed to a
 launcher, finished runs reused) and ``protocol`` (the drivers: protocol v3, a fixed run list); ``metrics`` (per-run
 scalars from one snapshot) and ``claims`` (the claims table, the confirmation's declared family, and their
-evaluation); ``results`` (``results.json`` read and written); ``markdown`` (tables as column entries, numbers),
-``tables``, ``figures`` and ``report`` (the document that puts them together); ``data`` (the study's data);
-``command`` (argument parsing and ``main``). The confirmation stage reads a finished study: ``confirm`` (the pilot,
-the candidates, the frozen plan, its runs and verdicts), ``confirm_report`` (its document) and ``confirm_command``
-(``python -m bhyt_pl study confirm``). The per-layer statistics the study measures, summarises and shows are
+evaluation); ``results`` (``results.json`` read and written, and the invocations that filled it); ``markdown``
+(tables as column entries, numbers), ``tables``, ``figures`` and ``report`` (the document that puts them together);
+``data`` (the study's data); ``arguments`` (the parser: one-line errors, no abbreviations) and ``command`` (argument
+parsing and ``main``). The confirmation stage reads a finished study: ``confirm`` (the pilot, the candidates, the
+frozen plan, its runs and verdicts), ``confirm_report`` (its document) and ``confirm_command`` (``python -m bhyt_pl
+study confirm``). The per-layer statistics the study measures, summarises and shows are
 declared in ``bhyt_pl.callbacks.layer_stats``."""
 
 from __future__ import annotations

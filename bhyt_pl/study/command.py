@@ -42,14 +42,16 @@ from typing import Any
 import torch
 
 from bhyt_pl.config import PRESETS, LlamaConfig
+from bhyt_pl.errors import UsageError
 from bhyt_pl.study import estimate, report, runner
+from bhyt_pl.study.arguments import StudyArgumentParser
 from bhyt_pl.study.config_file import expand_config_files
 from bhyt_pl.study.data import StudyData, unigram_entropy
-from bhyt_pl.study.design import check_disjoint, parse_group, rate_key
-from bhyt_pl.study.launch import add_launcher_arguments, check_launcher, make_launcher
+from bhyt_pl.study.design import SchemeGroup, check_disjoint, parse_group, rate_key
+from bhyt_pl.study.launch import add_launcher_arguments, check_launcher, interrupted_runs, make_launcher
 from bhyt_pl.study.plan import sweep_specs
 from bhyt_pl.study.protocol import run_all, run_depth_study
-from bhyt_pl.study.results import StudyRecord, load
+from bhyt_pl.study.results import Invocation, StudyRecord, load
 from bhyt_pl.study.runner import RunResult, RunSpec, TrainerSettings
 from bhyt_pl.study.scheduler import Scheduler, progress_line
 from bhyt_pl.study.setup import Budget, StudySetup, loadavg_text
@@ -112,7 +114,7 @@ REMOVED_FLAGS = {
     "--lr": "--lrs LR [LR ...] (the learning-rate grid; one value: that learning rate for every scheme)",
 }
 """Flags the study does not take and what replaces them. Each is declared so that using it is an error naming its
-replacement: undeclared, argparse would read ``--seed 43`` as an abbreviation of ``--seeds`` and run 43 seeds."""
+replacement (the parser takes no abbreviation, so ``--seed 43`` is never read as ``--seeds 43``)."""
 
 
 # Protocol v3 run counts with the default 9 groups (docs/depth_study.md): 33 selection runs (8 schemes + 3 DyT
@@ -141,8 +143,9 @@ class _Removed(argparse.Action):
         parser.error(f"{option_string} was removed; use {REMOVED_FLAGS[option_string]}")
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+def parser() -> StudyArgumentParser:
+    """The study's options; errors are one line, abbreviations are unrecognized (``StudyArgumentParser``)."""
+    p = StudyArgumentParser(
         prog="python -m bhyt_pl study",
         description="Train every norm scheme over seeds with its own learning rate (chosen from --lrs by "
         "validation loss on the selection seed, which no evaluation seed reuses) and report claims with seed-paired "
@@ -385,9 +388,18 @@ def prepare(argv: Sequence[str] = ()) -> StudySetup:
     return _setup(p.parse_args(expand_config_files(p, argv)), argv)
 
 
+def _scheme_group(text: str) -> SchemeGroup:
+    """``parse_group``, its errors (an unknown scheme, an argument the scheme does not take, a bad value) as one
+    ``UsageError`` naming the ``--schemes`` entry."""
+    try:
+        return parse_group(text)
+    except (TypeError, ValueError) as exc:  # the scheme's constructor check raises TypeError, as Python's own does
+        raise UsageError(f"--schemes {text!r}: {exc}") from None
+
+
 def _setup(args: argparse.Namespace, argv: Sequence[str]) -> StudySetup:
     budget, overrides = resolve(args)
-    groups = tuple(parse_group(s) for s in args.schemes)
+    groups = tuple(_scheme_group(text) for text in args.schemes)
     labels = [g.label for g in groups]
     if len(set(labels)) != len(labels):
         raise ValueError(f"--schemes has duplicates: {labels}")
@@ -478,6 +490,7 @@ def main(argv: list[str] | None = None) -> int:
     out, base = (setup.out if args.launcher == "pool" else setup.out.absolute()), setup.base
     meta = setup.meta()
     meta["workers"] = workers
+    invocation = Invocation.resume(out, restart=args.restart)  # the wall time of earlier invocations carries over
     started = time.perf_counter()
     batches = setup.validation_batches()
     unigram = unigram_entropy(setup.data(base.data_seed), batches, 32, setup.config.vocab_size)
@@ -524,32 +537,42 @@ def main(argv: list[str] | None = None) -> int:
             result.val_loss,
             result.wall_seconds,
         )
-        meta["wall_seconds"] = round(time.perf_counter() - started, 1)
-        if rank_zero_only.rank == 0:  # tables after every run: an interrupted study keeps what it measured
+        # the report after every run says it is partial (k of N runs): an interrupted study keeps what it measured
+        invocation.record(meta, len(results), scheduler.submitted, final)
+        if rank_zero_only.rank == 0:  # tables after every run, figures at the end
             report.write_report(out, record, figures=False)
 
+    finished, paths = False, None
     try:
         if design is None:
             specs = sweep_specs(setup.groups, setup.budget.depths, setup.budget.lrs, setup.budget.seeds, base)
             results[:] = run_all(specs, scheduler, on_result)
         else:
             results[:] = run_depth_study(design, base, scheduler, on_result, matched_lrs=args.matched_lrs)
+        finished = True
     except KeyboardInterrupt:
-        where = "this machine's workers stop" if args.launcher == "pool" else "its queued and running jobs go on"
-        log.warning("study interrupted: %s; the same command resumes it, reusing every finished run", where)
-        interrupted = True
-    else:
-        interrupted = False
+        pass  # reported below, after the partial report is written
     finally:  # figures once, at the end or on an interrupt, for the runs that finished
         launcher.close()
-        meta["wall_seconds"] = round(time.perf_counter() - started, 1)
+        final = design is None or design.complete
+        outcome = "finished" if finished else "interrupted"
+        invocation.record(meta, len(results), scheduler.submitted, final, outcome)
         meta["runs_reused"] = len(scheduler.reused)
         meta["loadavg_at_end"] = loadavg_text()
         if rank_zero_only.rank == 0 and results:
             paths = report.write_report(out, record)
-            log.info("study finished in %.0f s; report: %s", meta["wall_seconds"], paths["report"])
-    if interrupted:
+    if not finished:
+        where = interrupted_runs(args.launcher)
+        planned = f"{'' if final else 'at least '}{scheduler.submitted}"
+        kept = f"partial report: {paths['report']}" if paths else "nothing finished, no report written"
+        log.warning("study interrupted after %.0f s, %d of %s runs done; %s", invocation.seconds, len(results),
+                    planned, kept)  # fmt: skip
+        log.warning("%s; the same command resumes it, reusing every finished run", where)
         return 130
+    if paths is not None:
+        invocations = len(meta["invocations"])
+        total = f" ({meta['wall_seconds']:.0f} s over {invocations} invocations)" if invocations > 1 else ""
+        log.info("study finished in %.0f s%s; report: %s", invocation.seconds, total, paths["report"])
     failed = [r.spec.label for r in results if r.status == "error"]
     if failed:
         log.error("study: %d run(s) failed (listed in the report): %s", len(failed), ", ".join(failed))

@@ -1,9 +1,11 @@
 """``--config study.yaml``: a study described by a YAML file, every flag settable, the command line overriding it.
 
 The file is a mapping from option names (``lrs`` or ``--lrs``; ``seq_len`` or ``seq-len``) to values, as the
-``fit`` recipes are. It is read into command-line words put before the real ones, so argparse converts and checks
-its values exactly as it does the flags' (one path, one set of errors), and a flag given on the command line wins
-because argparse keeps an option's last occurrence. Several ``--config`` files apply in order.
+``fit`` recipes are. It is read into command-line words put before the real ones, so argparse converts them
+exactly as it does the flags', and a flag given on the command line wins because argparse keeps an option's last
+occurrence. Several ``--config`` files apply in order. Each value is first converted here with its option's own
+type and choices, so that a bad one is named by the file and key that hold it (``study.yaml: steps: 'many' is
+not an integer``), not by the flag it became; an unknown key is named with the nearest accepted one.
 
 Example (``recipes/study/slurm.yaml``)::
 
@@ -16,6 +18,7 @@ Example (``recipes/study/slurm.yaml``)::
 from __future__ import annotations
 
 import argparse
+import difflib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -73,6 +76,25 @@ def _word(value: Any) -> str:
     return str(value)
 
 
+_KINDS = {int: "an integer", float: "a number"}
+
+
+def _check_values(key: str, value: Any, words: list[str], action: argparse.Action, source: str) -> None:
+    """Converts each value word as argparse will (the option's ``type``, then its ``choices``), naming the file and
+    key of the first that fails."""
+    flag = "--" + key.replace("_", "-")
+    for word in (w for w in words if w != flag):
+        shown = repr(value) if word == _word(value) else f"{word!r} (in {value!r})"
+        try:
+            converted = action.type(word) if callable(action.type) else word
+        except (TypeError, ValueError, argparse.ArgumentTypeError):
+            kind = _KINDS.get(action.type, f"a valid {getattr(action.type, '__name__', 'value')}")
+            raise UsageError(f"{source}: {key}: {shown} is not {kind}") from None
+        if action.choices is not None and converted not in action.choices:
+            accepted = ", ".join(map(str, action.choices))
+            raise UsageError(f"{source}: {key}: {shown} is not one of {accepted}")
+
+
 def expand_config_files(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[str]:
     """``argv`` with every ``--config FILE`` replaced by the words its file stands for, placed first.
 
@@ -114,10 +136,17 @@ def expand_config_files(parser: argparse.ArgumentParser, argv: Sequence[str]) ->
             raise UsageError(f"{CONFIG_FLAG} {name}: must be a mapping of option names to values")
         unknown = [str(k) for k in data if str(k).lstrip("-").replace("-", "_") not in options]
         if unknown:
+            named = []
+            for key in unknown:
+                near = difflib.get_close_matches(key.lstrip("-").replace("-", "_"), list(options), n=1)
+                named.append(key + (f" (did you mean {near[0]}?)" if near else ""))
             raise UsageError(
-                f"{CONFIG_FLAG} {name}: unknown option(s) {', '.join(unknown)}; accepted: {', '.join(sorted(options))}"
+                f"{name}: unknown key{'s' if len(unknown) > 1 else ''} {', '.join(named)}; accepted keys: "
+                f"{', '.join(sorted(options))}"
             )
         for key, value in data.items():
             key = str(key).lstrip("-").replace("-", "_")
-            words += _words(key, value, options[key], f"{CONFIG_FLAG} {name}")
+            key_words = _words(key, value, options[key], name)
+            _check_values(key, value, key_words, options[key], name)
+            words += key_words
     return words + rest

@@ -26,7 +26,6 @@ confirmation decides a small family fixed in advance, on new seeds:
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -35,6 +34,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from bhyt_pl.strict_json import loads
 from bhyt_pl.study import power, stats
 from bhyt_pl.study.claims import CONDITIONS, CONFIRMATION_ROWS, PAPER_CLAIMS, ClaimSpec, PaperClaimSpec
 from bhyt_pl.study.design import StudyDesign, StudyRuns, rate_key
@@ -123,7 +123,7 @@ def load_pilot(folder: Path) -> Pilot:
     path = Path(folder) / "results.json"
     try:
         raw = path.read_bytes()
-        data = json.loads(raw)
+        data = loads(raw)
     except (OSError, ValueError) as exc:
         raise ValueError(
             f"--pilot {str(folder)!r}: cannot read its results.json ({exc}); give the folder of a "
@@ -587,7 +587,7 @@ def load(path: str | Path) -> ConfirmationRecord:
     path = Path(path)
     path = path / "results.json" if path.is_dir() else path
     try:
-        data = json.loads(path.read_text())
+        data = loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise ValueError(f"cannot read the confirmation's record {str(path)!r}: {exc}") from exc
     return ConfirmationRecord.from_dict(data)

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from bhyt_pl.study import power, runner
+from bhyt_pl.study.arguments import StudyArgumentParser
 from bhyt_pl.study.command import prepare
 from bhyt_pl.study.confirm import (
     COMMAND_PREFIX,
@@ -43,8 +44,9 @@ from bhyt_pl.study.confirm import (
     make_confirmation_plan,
 )
 from bhyt_pl.study.confirm_report import write_report
-from bhyt_pl.study.launch import add_launcher_arguments, check_launcher, make_launcher
+from bhyt_pl.study.launch import add_launcher_arguments, check_launcher, interrupted_runs, make_launcher
 from bhyt_pl.study.protocol import run_all
+from bhyt_pl.study.results import Invocation
 from bhyt_pl.study.runner import RunResult, TrainerSettings
 from bhyt_pl.study.scheduler import Scheduler, progress_line
 from bhyt_pl.study.setup import StudySetup, loadavg_text
@@ -66,8 +68,9 @@ def report_from(folder: Path, figures: bool = True) -> dict[str, Path]:
 
 
 # ----------------------------------------------------------------------------- the command line
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+def parser() -> StudyArgumentParser:
+    """The confirmation's options; errors are one line, abbreviations are unrecognized (``StudyArgumentParser``)."""
+    p = StudyArgumentParser(
         prog="python -m bhyt_pl study confirm",
         description="The confirmation stage (docs/method.md, section 10, 'Confirmation'): read a finished "
         "exploration's results.json (--pilot), freeze a power plan in OUT/plan.json and print it, train only the "
@@ -246,6 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "loadavg_at_start": loadavg_text(),
         "machine": machine_info(torch.device("cuda" if settings.accelerator in ("gpu", "cuda") else "cpu")),
     }
+    invocation = Invocation.resume(out, restart=args.restart)  # the wall time of earlier invocations carries over
     started = time.perf_counter()
     run = partial(
         runner.run_one,
@@ -270,20 +274,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.info(
             "  %s: %s, val loss %.4f, %.0f s", result.spec.label, result.status, result.val_loss, result.wall_seconds
         )
-        meta["wall_seconds"] = round(elapsed, 1)
+        invocation.record(meta, len(results), len(specs))  # the report says it is partial: k of N runs
         if rank_zero_only.rank == 0:  # the record after every run: a stopped confirmation keeps what it measured
             write_report(out, record, figures=False)
 
+    finished, paths = False, None
     try:
         results[:] = run_all(specs, scheduler, on_result)
+        finished = True
+    except KeyboardInterrupt:
+        pass  # reported below, after the partial report is written
     finally:
         launcher.close()
-        meta["wall_seconds"] = round(time.perf_counter() - started, 1)
+        invocation.record(meta, len(results), len(specs), outcome="finished" if finished else "interrupted")
         meta["runs_reused"] = len(scheduler.reused)
         meta["loadavg_at_end"] = loadavg_text()
         # not after a stop before the first result: that would replace a previous invocation's record with an
         # empty one (its runs are still in runs/ and are read back next time)
         if rank_zero_only.rank == 0 and (results or not specs):
             paths = write_report(out, record)
-            log.info("confirmation finished in %.0f s; report: %s", meta["wall_seconds"], paths["report"])
+    if not finished:
+        where = interrupted_runs(args.launcher)
+        kept = f"partial report: {paths['report']}" if paths else "nothing finished, no report written"
+        log.warning("confirmation interrupted after %.0f s, %d of %d runs done; %s", invocation.seconds,
+                    len(results), len(specs), kept)  # fmt: skip
+        log.warning("%s; the same command resumes it, reusing every finished run", where)
+        return 130
+    if paths is not None:
+        invocations = len(meta["invocations"])
+        total = f" ({meta['wall_seconds']:.0f} s over {invocations} invocations)" if invocations > 1 else ""
+        log.info("confirmation finished in %.0f s%s; report: %s", invocation.seconds, total, paths["report"])
     return 1 if any(r.status == "error" for r in results) else 0

@@ -10,12 +10,12 @@ back-transformed from the ln scale, and a group's magnitude or variance is a geo
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from bhyt_pl.strict_json import write as write_json
 from bhyt_pl.study import stats
 from bhyt_pl.study.claims import CONFIRMATION_ROWS, ClaimSpec
 from bhyt_pl.study.confirm import ConfirmationRecord, Evaluation, FamilyResult, family_runs
@@ -24,6 +24,7 @@ from bhyt_pl.study.figures import depth_profile_figure, save_figure, trajectory_
 from bhyt_pl.study.markdown import Column, num, table
 from bhyt_pl.study.metrics import metric
 from bhyt_pl.study.power import Plan, PlannedClaim, PlannedTest
+from bhyt_pl.study.report import meta_lines, partial_lines
 from bhyt_pl.study.runner import RunResult
 from bhyt_pl.study.tables import SeedRuns, matched_columns
 
@@ -278,8 +279,7 @@ def _design(record: ConfirmationRecord) -> tuple[StudyRuns, StudyDesign]:
 
 
 def _meta_lines(record: ConfirmationRecord) -> list[str]:
-    skip = ("command", "machine", "kind")
-    lines = [f"- {k.replace('_', ' ')}: {v}" for k, v in record.meta.items() if k not in skip]
+    lines = meta_lines(record.meta, skip=("command", "machine", "kind"))
     machine = record.meta.get("machine", {})
     if machine:
         lines.append("- machine: " + ", ".join(f"{k} {v}" for k, v in machine.items()))
@@ -305,7 +305,7 @@ def write_report(out: Path, record: ConfirmationRecord, figures: bool = True, sa
     evaluation = record.evaluate()
     paths = {"results": out / "results.json", "report": out / "report.md"}
     if save:
-        paths["results"].write_text(json.dumps(record.to_dict(evaluation), indent=1, default=str))
+        write_json(paths["results"], record.to_dict(evaluation))
     has_runs = any(t.difference.n for t in evaluation.tests)
     if figures and has_runs:
         paths["family"] = save_figure(family_figure(evaluation), out / "family_over_training.png")
@@ -319,6 +319,7 @@ def write_report(out: Path, record: ConfirmationRecord, figures: bool = True, sa
     lines = [
         "# Depth study: confirmation",
         "",
+        *partial_lines(meta, "confirmation"),
         f"Command: `{meta.get('command', '?')}`",
         "",
         *_meta_lines(record),

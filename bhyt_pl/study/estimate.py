@@ -22,11 +22,13 @@ process) gives seconds per step, times every run's steps, divided by the workers
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import math
 import os
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -63,6 +65,7 @@ __all__ = [
     "gpu_hours",
     "max_extension_runs",
     "probe_pace",
+    "quiet_lightning",
     "reusable_runs",
     "run_range",
     "study_cost",
@@ -232,6 +235,27 @@ def _loadavg() -> tuple[float, float, float]:
         return (math.nan, math.nan, math.nan)
 
 
+LIGHTNING_LOGGERS = ("lightning.pytorch", "lightning.fabric")
+"""The loggers whose info lines the probe holds back (``quiet_lightning``)."""
+
+
+@contextlib.contextmanager
+def quiet_lightning() -> Iterator[None]:
+    """Lightning's info lines held back (warnings and errors still show), its loggers' levels restored after.
+
+    The probe's fit is the dry run's own measurement: its ``GPU available: ...`` and ``Trainer.fit stopped:
+    max_steps=6 reached`` lines would read, under a header saying that nothing trains, as a study run."""
+    loggers = [logging.getLogger(name) for name in LIGHTNING_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(max(logger.getEffectiveLevel(), logging.WARNING))
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
 def probe_pace(spec: RunSpec, data: Any, steps: int, compile: bool = False, threads: int | None = None) -> Probe:
     """Train ``spec`` for 1 + ``steps`` optimizer steps in this process (no logger, no checkpoint, no folder left
     behind) and time every step after the first (the first builds the allocator's pools and, compiled, the graphs).
@@ -266,7 +290,7 @@ def probe_pace(spec: RunSpec, data: Any, steps: int, compile: bool = False, thre
         L.seed_everything(spec.seed, verbose=False)
         datamodule = data(spec.data_seed)
         module = build_module(spec, datamodule, compile)
-        with tempfile.TemporaryDirectory(prefix="bhyt-probe-") as root:
+        with tempfile.TemporaryDirectory(prefix="bhyt-probe-") as root, quiet_lightning():
             trainer = L.Trainer(
                 accelerator="cpu",
                 devices=1,

@@ -24,7 +24,15 @@ from bhyt_pl.study.local import InlineLauncher, ProcessPoolLauncher, local_worke
 from bhyt_pl.study.runner import RunResult, RunSpec
 from bhyt_pl.study.slurm import ClusterSettings, SubmititLauncher
 
-__all__ = ["LAUNCHERS", "add_launcher_arguments", "check_launcher", "cluster_settings", "make_launcher", "study_name"]
+__all__ = [
+    "LAUNCHERS",
+    "add_launcher_arguments",
+    "check_launcher",
+    "cluster_settings",
+    "interrupted_runs",
+    "make_launcher",
+    "study_name",
+]
 
 LAUNCHERS = ("pool", "local", "slurm")
 
@@ -140,6 +148,16 @@ def check_launcher(args: argparse.Namespace) -> int:
     if cluster_settings(args) is not None:
         return 1
     return local_workers(args.accelerator, args.workers, args.devices)[0]
+
+
+def interrupted_runs(launcher: str) -> str:
+    """What becomes of the runs in training when the driver is interrupted, for its last line before it exits."""
+    if launcher == "pool":
+        return "this machine's workers stop"
+    if launcher == "local":
+        # submitit starts a local job's processes in the driver's process group: a terminal's Ctrl-C reaches them
+        return "its local jobs go on unless the interrupt reached them too (a Ctrl-C in the terminal does)"
+    return "its queued and running jobs go on"
 
 
 def study_name(out: Path) -> str:

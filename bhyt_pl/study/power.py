@@ -31,10 +31,8 @@ result types, so it does not change when they do.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -43,6 +41,7 @@ from typing import Any
 from scipy import integrate
 from scipy import stats as _scipy_stats
 
+from bhyt_pl import strict_json
 from bhyt_pl.study import stats
 from bhyt_pl.validation import raise_if_problems
 
@@ -397,27 +396,13 @@ class Plan:
         return cls(**data)
 
     def save(self, path: str | Path) -> Path:
-        """Write the plan as JSON atomically (a temporary file in the same folder, then ``os.replace``), so a stop
-        while writing leaves either no ``plan.json`` or a whole one."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # a name of this process's own (not mkstemp's 0600 file): the plan gets the folder's usual permissions
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            with open(tmp, "w") as f:
-                json.dump(self.to_dict(), f, indent=1)
-                f.write("\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        return path
+        """Write the plan as strict JSON (``bhyt_pl.strict_json``) atomically, so a stop while writing leaves
+        either no ``plan.json`` or a whole one."""
+        return strict_json.write(Path(path), self.to_dict())
 
     @classmethod
     def load(cls, path: str | Path) -> Plan:
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        return cls.from_dict(strict_json.loads(Path(path).read_text()))
 
     def render(self) -> str:
         """The plan as text to print before the runs (markdown tables)."""

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from bhyt_pl.strict_json import loads, write
 from bhyt_pl.study.design import StudyDesign, check_disjoint
 from bhyt_pl.study.plan import default_matched_lrs, evaluation_specs, legacy_label, select, selection_specs
 from bhyt_pl.study.runner import RunResult, RunSpec, run_dirname
@@ -40,10 +40,10 @@ def adopt_legacy_run(out: Path, spec: RunSpec) -> bool:
     if old == spec.label or new_dir.exists() or not (old_dir / "result.json").is_file():
         return False
     try:
-        stored = json.loads((old_dir / "result.json").read_text())
+        stored = loads((old_dir / "result.json").read_text())
     except (OSError, ValueError):
         return False
-    if not isinstance(stored, dict) or stored.get("spec") != json.loads(
+    if not isinstance(stored, dict) or stored.get("spec") != loads(
         json.dumps(asdict(replace(spec, label=old)), default=str)
     ):
         return False
@@ -52,9 +52,7 @@ def adopt_legacy_run(out: Path, spec: RunSpec) -> bool:
     old_logs = str(Path("runs") / run_dirname(old))
     if isinstance(stored.get("log_dir"), str) and stored["log_dir"].startswith(old_logs):
         stored["log_dir"] = str(Path("runs") / run_dirname(spec.label)) + stored["log_dir"][len(old_logs) :]
-    tmp = new_dir / f".result.json.{os.getpid()}.tmp"  # whole or absent: a stop here leaves the old result.json
-    tmp.write_text(json.dumps(stored, indent=1, default=str))
-    os.replace(tmp, new_dir / "result.json")
+    write(new_dir / "result.json", stored)  # whole or absent: a stop here leaves the old result.json
     return True
 
 

@@ -8,12 +8,12 @@ the report from ``DIR/results.json`` alone.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bhyt_pl.strict_json import write as write_json
 from bhyt_pl.study.claims import ClaimResult, ClaimSpec, evaluate
 from bhyt_pl.study.design import StudyDesign, StudyRuns
 from bhyt_pl.study.figures import (
@@ -56,7 +56,10 @@ __all__ = [
     "budget_note",
     "divergence_edge",
     "growth_prose",
+    "invocations_text",
     "margins_lines",
+    "meta_lines",
+    "partial_lines",
     "verdict_counts",
     "write_report",
 ]
@@ -162,6 +165,46 @@ def verdict_counts(items: Sequence[ClaimResult]) -> list[str]:
     return lines
 
 
+def partial_lines(meta: dict[str, Any], what: str = "study") -> list[str]:
+    """The marker at the top of the report of a study that has not finished (``meta["partial"]``: still running, or
+    interrupted): how many runs are in, and that the rest of the report covers only those. Nothing once finished."""
+    partial = meta.get("partial")
+    if not partial:
+        return []
+    planned = ("" if partial.get("planned_final", True) else "at least ") + str(partial.get("runs_planned", "?"))
+    running = partial.get("state") == "running"
+    state = "is still running" if running else "was interrupted before its last run"
+    resume = "" if running else " The same command resumes it, reusing every finished run."
+    return [
+        f"**Partial: {partial.get('runs_done', '?')} of {planned} runs.** This {what} {state}: every table, claim "
+        "and figure below covers only the runs that finished, so a verdict of n/a or inconclusive may only mean that "
+        f"runs are missing.{resume}",
+        "",
+    ]
+
+
+def invocations_text(invocations: Sequence[dict[str, Any]]) -> str:
+    """``meta["invocations"]`` in words: how many, and each one's start, wall time and outcome."""
+    parts = []
+    for item in invocations:
+        start = f"{item['started']}, " if item.get("started") else ""
+        outcome = f", {item['outcome']}" if item.get("outcome") else ""
+        parts.append(f"{start}{item.get('wall_seconds', '?')} s{outcome}")
+    return f"{len(invocations)} ({'; '.join(parts)})"
+
+
+def meta_lines(meta: dict[str, Any], skip: Sequence[str]) -> list[str]:
+    """One ``- key: value`` line per entry of ``meta`` but ``skip`` and the partial marker (``partial_lines``);
+    ``wall_seconds`` is the total over the ``invocations`` listed after it."""
+    lines = []
+    for key, value in meta.items():
+        if key in skip or key == "partial":
+            continue
+        text = invocations_text(value) if key == "invocations" else value
+        lines.append(f"- {key.replace('_', ' ')}: {text}")
+    return lines
+
+
 def failed_runs_lines(results: Sequence[RunResult]) -> list[str]:
     """A section naming every run that failed with an error (its tries spent, on a cluster), with the error's first
     line: nothing when none did. Diverged runs are results, not failures, and are shown in the tables."""
@@ -196,14 +239,14 @@ def write_report(out: Path, record: StudyRecord, figures: bool = True, save: boo
         document = record.to_dict(
             [c.to_dict() for c in items], [f"{c.statement}: {c.target} vs {c.baseline}" for c in skipped]
         )
-        paths["results"].write_text(json.dumps(document, indent=1, default=str))
+        write_json(paths["results"], document)
     max_loss = float(meta["max_loss"])
     title = (
         f"{meta['preset']} ({meta['n_layers_label']} layers), {meta['steps']} steps of {meta['tokens_per_step']} tokens"
     )
-    lines = [f"# {'Stability sweep' if sweep else 'Depth study'}", "", f"Command: `{meta['command']}`", ""]
-    skip = ("command", "machine", "n_layers_label", "overrides", "roles")
-    lines += [f"- {k.replace('_', ' ')}: {v}" for k, v in meta.items() if k not in skip]
+    lines = [f"# {'Stability sweep' if sweep else 'Depth study'}", "", *partial_lines(meta)]
+    lines += [f"Command: `{meta['command']}`", ""]
+    lines += meta_lines(meta, skip=("command", "machine", "n_layers_label", "overrides", "roles"))
     lines.append(f"- layers: {meta['n_layers_label']}; config overrides: {meta.get('overrides') or 'none'}")
     lines.append("- machine: " + ", ".join(f"{k} {v}" for k, v in meta["machine"].items()))
     lines.append("")

@@ -32,7 +32,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import re
 import time
 import traceback
@@ -49,6 +48,7 @@ from bhyt_pl.callbacks.layer_metrics import layer_series
 from bhyt_pl.callbacks.stability import StabilityMonitor
 from bhyt_pl.module import LlamaLM
 from bhyt_pl.run_config import data_run_facts
+from bhyt_pl.strict_json import write as write_json
 from bhyt_pl.study.callbacks import DivergenceMonitor, MemoryLogger, TrajectoryRecorder
 from bhyt_pl.study.measure import (
     depth_statistics,
@@ -374,10 +374,8 @@ def run_one(
 
 
 def _write_result(path: Path, result: RunResult) -> None:
-    """``result.json`` whole or absent: a job killed while writing it leaves the previous file or none."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(result.to_dict(), indent=1, default=str))
-    os.replace(tmp, path)
+    """``result.json`` (strict JSON) whole or absent: a job killed while writing it leaves the previous file or none."""
+    write_json(path, result.to_dict())
 
 
 def _drop_stale_checkpoint(run_dir: Path, checkpoint: Path) -> None:

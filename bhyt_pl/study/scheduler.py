@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 
+from bhyt_pl.strict_json import loads
 from bhyt_pl.study.launcher import Launcher, RunState
 from bhyt_pl.study.runner import RunResult, RunSpec, run_dirname
 
@@ -25,11 +26,11 @@ def finished_result(out: Path, spec: RunSpec) -> RunResult | None:
     if not path.exists():
         return None
     try:
-        stored = json.loads(path.read_text())
+        stored = loads(path.read_text())
         if stored.get("status") not in ("ok", "diverged"):
             log.info("study run %s: trained again, its last try ended with %s", spec.label, stored.get("status"))
             return None
-        expected = json.loads(json.dumps(asdict(spec), default=str))
+        expected = loads(json.dumps(asdict(spec), default=str))
         if stored["spec"] != expected:
             changed = sorted(
                 k for k in expected.keys() | stored["spec"].keys() if stored["spec"].get(k) != expected.get(k)

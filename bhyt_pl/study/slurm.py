@@ -24,7 +24,9 @@ Inside a job, ``CheckpointableRun`` sets torch's threads to the job's CPUs per t
 checkpointable: submitit's preemption and timeout signal (``USR2``; Lightning's own requeue signal is ``USR1``)
 sets ``preemption_requested()``; the run saves its state at the end of its current step and raises
 ``RunPreempted``; submitit then requeues the same job with the same spec, and the run resumes from what it
-saved. A run that does not stop within half of ``signal_delay_s`` is requeued by submitit where it is.
+saved. A run that does not stop within half of ``signal_delay_s`` is requeued by submitit where it is. SIGTERM
+(SLURM's preemption signal on a cluster without ``PreemptParameters=send_user_signal``, and its cancellation
+signal) makes the run save the same way, then the job exits without requeueing itself (``_StopRequest``).
 
 SLURM's states (``sacct``'s ``State``, first word) as the launcher reads them:
 
@@ -234,6 +236,10 @@ def _preemption_signal() -> signal.Signals:
     return signal.Signals["SIG" + submitit.JobEnvironment.USR_SIG]
 
 
+TERMINATED_EXIT_CODE = 128 + signal.SIGTERM
+"""A job's exit status after it saved its run on SIGTERM: a shell's status for a process ended by SIGTERM."""
+
+
 def job_cpus(default: int) -> int:
     """CPUs this job may use: SLURM's ``SLURM_CPUS_PER_TASK`` in a SLURM job, else ``default`` (the settings')."""
     if os.environ.get("SUBMITIT_EXECUTOR") == "slurm" and os.environ.get("SLURM_CPUS_PER_TASK", "").isdigit():
@@ -241,58 +247,112 @@ def job_cpus(default: int) -> int:
     return default
 
 
-@contextlib.contextmanager
-def _deferred_preemption(grace_s: float) -> Iterator[Callable[[], None] | None]:
-    """Defers submitit's preemption handler while the run reaches the end of a step.
+def _remove_folder_template() -> None:
+    """Removes the literal ``jobs/%j`` folder submitit's local job controller makes each time it starts a job's task
+    (it creates its folder template as is; every file goes to ``jobs/<job id>/``, so the folder stays empty)."""
+    folder = os.environ.get("SUBMITIT_FOLDER")  # the executor's folder template, as the job was given it
+    if folder and "%" in Path(folder).name:
+        with contextlib.suppress(OSError):  # absent already, or (not ours) not empty
+            Path(folder).rmdir()
 
-    submitit's handler checkpoints and requeues wherever the signal lands, possibly mid-step. Here the first
-    signal only sets ``preemption_requested()``; the run saves and raises ``RunPreempted``, and the yielded
-    function runs submitit's handler from there. If the run has not stopped after ``grace_s`` seconds, the
-    signal is sent again and submitit's handler runs where the run is. Yields None outside a submitit job
-    (no handler to defer).
+
+class _StopRequest:
+    """The stop signals a job's run got, and how the job ends once the run has stopped (``hand_over``).
+
+    - The preemption or timeout signal (``USR2``): submitit's handler, which checkpoints, requeues the job and exits.
+    - ``SIGTERM`` alone: the job exits (``TERMINATED_EXIT_CODE``) without requeueing itself. SLURM sends SIGTERM,
+      then SIGKILL after its grace time, to preempt a job (unless the cluster sets
+      ``PreemptParameters=send_user_signal``) and to cancel one (``scancel``, the driver's ``cancel``): a preempted
+      job comes back by SLURM's own requeue (``PreemptMode=REQUEUE``) or as the launcher's next try, and resumes from
+      the run's save either way, while a cancelled job stays cancelled (``scontrol requeue`` would revive it).
+      submitit itself logs SIGTERM and carries on ("Bypassing signal SIGTERM"), so the run would lose every step
+      since its start at the SIGKILL.
     """
-    signum = _preemption_signal()
-    submitit_handler = signal.getsignal(signum)
-    if not callable(submitit_handler):
-        yield None
-        return
-    _PREEMPTED.clear()
-    timers: list[threading.Timer] = []
 
-    def handler(sig: int, frame: Any) -> None:
-        if _PREEMPTED.is_set():  # the signal again: the run did not stop in time
-            submitit_handler(sig, frame)
+    def __init__(self, preemption: signal.Signals, handlers: dict[signal.Signals, Any]) -> None:
+        self.preemption, self.handlers = preemption, handlers
+        self.signals: list[signal.Signals] = []
+        self.handed_over = False
+        self._timers: list[threading.Timer] = []
+
+    @property
+    def requested(self) -> bool:
+        return bool(self.signals)
+
+    def on_signal(self, sig: int, frame: Any, grace_s: float) -> None:
+        """The first stop signal asks the run to save at its step's end; the same signal again (the run did not
+        stop within ``grace_s``: the timer resends it) hands over at once, wherever the run is."""
+        received = signal.Signals(sig)
+        if received in self.signals:
+            self.hand_over(frame)
             return
+        self.signals.append(received)
         _PREEMPTED.set()
-        log.warning("preemption signal %s: the run saves at the end of its step, then the job is requeued", sig)
+        log.warning("signal %s: the run saves at the end of its step, then the job %s", received.name,
+                    "is requeued" if received == self.preemption else "exits")  # fmt: skip
         timer = threading.Timer(grace_s, signal.pthread_kill, (threading.main_thread().ident, sig))
         timer.daemon = True
         timer.start()
-        timers.append(timer)
+        self._timers.append(timer)
 
-    def requeue() -> None:
-        for timer in timers:
+    def hand_over(self, frame: Any = None) -> None:
+        """Ends the job the way its signals ask (class docstring): raises ``SystemExit`` (submitit's after a
+        requeue, or ``TERMINATED_EXIT_CODE``), unless submitit's handler returns (a task of rank > 0)."""
+        self.cancel_timers()
+        self.handed_over = True
+        if self.preemption in self.signals:
+            self.handlers[self.preemption](self.preemption, frame)  # submitit: checkpoint, requeue, exit
+            return
+        log.warning("SIGTERM: the job exits without requeueing itself; the run resumes from its save when the job "
+                    "runs again (SLURM's requeue or the study's next try)")  # fmt: skip
+        raise SystemExit(TERMINATED_EXIT_CODE)
+
+    def cancel_timers(self) -> None:
+        for timer in self._timers:
             timer.cancel()
-        submitit_handler(signum, None)
 
-    signal.signal(signum, handler)
+
+@contextlib.contextmanager
+def _deferred_stop(grace_s: float) -> Iterator[_StopRequest | None]:
+    """Defers the job's stop signals (submitit's preemption signal and SIGTERM) while the run reaches the end of a
+    step.
+
+    submitit's handler checkpoints and requeues wherever the preemption signal lands, possibly mid-step, and it
+    ignores SIGTERM. Here the first signal only sets ``preemption_requested()``; the run saves and raises
+    ``RunPreempted``, and the job ends through the yielded request's ``hand_over``. If the run has not stopped after
+    ``grace_s`` seconds, the signal is sent again and the hand-over happens where the run is. Yields None outside a
+    submitit job (no handler to defer: both signals are left alone).
+    """
+    preemption = _preemption_signal()
+    handlers = {sig: signal.getsignal(sig) for sig in (preemption, signal.SIGTERM)}
+    if not callable(handlers[preemption]):
+        yield None
+        return
+    _PREEMPTED.clear()
+    request = _StopRequest(preemption, handlers)
+    for sig in handlers:
+        signal.signal(sig, lambda sig, frame: request.on_signal(sig, frame, grace_s))
     try:
-        yield requeue
+        yield request
     finally:
-        for timer in timers:
-            timer.cancel()
-        signal.signal(signum, submitit_handler)
+        request.cancel_timers()
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
         _PREEMPTED.clear()  # the request was this run's
 
 
 class CheckpointableRun(submitit.helpers.Checkpointable):
     """The callable every job runs: one run of the study, checkpointable.
 
+    In a job, a run that ends with a ``BaseException`` other than a stop (``KeyboardInterrupt``: the local
+    controller's SIGINT; a ``SystemExit``) is raised again as a ``RuntimeError`` naming it, so that submitit records
+    it as the job's error and the driver reports that cause, not the last line of the job's log.
+
     Args:
         run: the study's run function (``RunSpec -> RunResult``), picklable. A requeued job calls it again
             with the same spec: it resumes from what it saved in its run folder, if anything.
         cpus_per_task: torch's threads in the job when SLURM does not say (the local executor).
-        grace_s: seconds the run has to stop at a step end after the preemption signal.
+        grace_s: seconds the run has to stop at a step end after a stop signal.
     """
 
     def __init__(self, run: Callable[[RunSpec], RunResult], cpus_per_task: int = 1, grace_s: float = 60.0) -> None:
@@ -302,14 +362,23 @@ class CheckpointableRun(submitit.helpers.Checkpointable):
 
     def __call__(self, spec: RunSpec) -> RunResult:
         torch.set_num_threads(job_cpus(self.cpus_per_task))
-        with _deferred_preemption(self.grace_s) as requeue:
+        _remove_folder_template()
+        with _deferred_stop(self.grace_s) as stop:
             try:
                 return self.run(spec)
             except RunPreempted:
-                if requeue is None:
+                if stop is None:
                     raise
-                requeue()  # submitit: checkpoint() below, requeue the job, end this process
+                stop.hand_over()  # USR2: submitit's checkpoint() below, requeue, exit; SIGTERM: exit
                 raise
+            except (KeyboardInterrupt, SystemExit) as exc:
+                if stop is None or stop.handed_over:  # not in a job; or the job is ending as its signal asked
+                    raise
+                if stop.requested:  # the run ended on the stop signal without saving (Lightning's SIGTERM exit)
+                    stop.hand_over()
+                    raise
+                what = type(exc).__name__ + (f": {exc}" if str(exc) else "")
+                raise RuntimeError(f"the run ended with {what}") from exc
 
     def checkpoint(self, spec: RunSpec) -> DelayedSubmission:
         """What the requeued job runs: the same run, which resumes from its run folder."""
@@ -434,8 +503,16 @@ class SubmititLauncher:
 
     def close(self) -> None:
         """Releases the study folder; queued and running jobs go on for a later driver (``cancel`` stops them)."""
+        self._remove_folder_template()
         self.records.unlock()
         self._closed = True
+
+    def _remove_folder_template(self) -> None:
+        """submitit makes its folder template (``jobs/%j``) as an empty folder of that literal name: when it submits
+        an array, and (the local executor) each time a job's controller starts its task, which the job removes
+        itself (``CheckpointableRun``). A task that failed before its run leaves it: removed here too."""
+        with contextlib.suppress(OSError):  # absent, or not empty (not submitit's)
+            (self.folder / "jobs" / "%j").rmdir()
 
     def __enter__(self) -> SubmititLauncher:
         return self
@@ -597,8 +674,7 @@ class SubmititLauncher:
             jobs = self.executor.map_array(self.function, [run.spec for run in batch])
         except (FailedJobError, FailedSubmissionError, OSError) as exc:
             raise RuntimeError(f"submitting {count} study run(s) failed: {exc}") from exc
-        with contextlib.suppress(OSError):  # submitit leaves its folder template ("%j") as an empty folder
-            (self.folder / "jobs" / "%j").rmdir()
+        self._remove_folder_template()
         array = jobs[0].job_id.split("_")[0] if "_" in jobs[0].job_id else None
         for run, job in zip(batch, jobs, strict=True):
             run.attempts += 1
@@ -763,20 +839,44 @@ def _job_sort_key(name: str) -> tuple[int, ...]:
     return tuple(int(part) if part.isdigit() else -1 for part in name.split("_"))
 
 
+_TRACEBACK = "Traceback (most recent call last):"
+
+
+def exception_line(text: str) -> str | None:
+    """The ``Type: message`` line of the last exception in a Python traceback's text (the message's first line, not
+    what follows it: more message lines, a warning printed later), or None without a traceback."""
+    lines = text.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith(_TRACEBACK)]
+    if not starts:
+        return None
+    for line in lines[starts[-1] + 1 :]:
+        if line.strip() and not line[0].isspace():  # the frames are indented; the exception's line is not
+            return line.strip()
+    return None
+
+
 def _job_error(exc: Exception, job: submitit.Job) -> str:
-    """The exception's last line from a job's traceback, and where the job's log is."""
+    """The exception the job raised (its type and message, from the traceback submitit recorded), and where the
+    job's log is."""
     text = str(exc)
     if isinstance(exc, FailedJobError) and "----------------------" in text:
         text = text.split("----------------------")[1]
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    return f"{lines[-1] if lines else type(exc).__name__} (log: {job.paths.stderr})"
+    line = exception_line(text) or (lines[-1] if lines else type(exc).__name__)
+    return f"{line} (log: {job.paths.stderr})"
 
 
 def _log_tail(job: submitit.Job) -> str:
+    """What the log of a job that left no result says: the last exception in it (a process that died of an
+    exception submitit did not record), else its last line (a killed process's last words)."""
     try:
-        lines = [line for line in job.paths.stderr.read_text(errors="replace").splitlines() if line.strip()]
+        text = job.paths.stderr.read_text(errors="replace")
     except OSError:
         return f" (no log at {job.paths.stderr})"
+    found = exception_line(text)
+    if found is not None:
+        return f"; its log's last exception: {found!r} ({job.paths.stderr})"
+    lines = [line for line in text.splitlines() if line.strip()]
     return (
         f"; its log ends: {lines[-1].strip()!r} ({job.paths.stderr})" if lines else f" (empty log {job.paths.stderr})"
     )

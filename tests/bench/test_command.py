@@ -139,6 +139,12 @@ def test_bad_arguments_are_reported(capsys: pytest.CaptureFixture[str]) -> None:
     assert "unknown ['flops']" in capsys.readouterr().err
 
 
+def test_a_shortened_flag_is_refused_not_read_as_the_flag_it_starts(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        parser().parse_args(["--repeat", "3"])  # not --repeats
+    assert exit_info.value.code == 2 and "unrecognized arguments: --repeat 3" in capsys.readouterr().err
+
+
 def test_module_entry_point(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(sys, "argv", ["python -m bhyt_pl.bench", "--dry-run", "--quick"])
     with pytest.raises(SystemExit) as exit_info:

@@ -35,6 +35,12 @@ def test_help_and_paper_defaults(capsys):
     )
 
 
+def test_a_shortened_flag_is_refused_not_read_as_the_flag_it_starts(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["--ckpt_path", "x.ckpt", "--task", "arc_easy"])  # not --tasks
+    assert exit_info.value.code == 2 and "unrecognized arguments: --task arc_easy" in capsys.readouterr().err
+
+
 def test_local_suite_end_to_end(small_checkpoint, embedded_suite, capsys):
     code = main(
         [

@@ -58,7 +58,10 @@ def test_the_command_line_overrides_the_file_and_files_apply_in_order(tmp_path: 
 @pytest.mark.parametrize(
     ("data", "match"),
     [
-        ({"stpes": 3}, r"unknown option\(s\) stpes; accepted: .*steps"),
+        ({"stpes": 3}, r"bad.yaml: unknown key stpes \(did you mean steps\?\); accepted keys: .*, steps, "),
+        ({"steps": "many"}, "bad.yaml: steps: 'many' is not an integer$"),
+        ({"lrs": ["1.0e-3", "fast"]}, r"bad.yaml: lrs: 'fast' \(in \['1.0e-3', 'fast'\]\) is not a number$"),
+        ({"launcher": "cloud"}, "bad.yaml: launcher: 'cloud' is not one of pool, local, slurm$"),
         ({"steps": [1, 2]}, "steps takes one value, got the list"),
         ({"quick": "yes"}, "quick must be true or false"),
         ("- steps\n- 3\n", "must be a mapping of option names to values"),
@@ -76,6 +79,9 @@ def test_main_exits_2_on_a_bad_file_before_any_work(tmp_path: Path, capsys: pyte
     out = tmp_path / "out"
     assert main(["--config", str(tmp_path / "missing.yaml"), "--out", str(out)]) == 2
     assert "--config" in capsys.readouterr().err and not out.exists()
+    config = _write(tmp_path / "study.yaml", {"steps": "many", "out": str(out)})  # the file and key, not --steps
+    assert main(["--config", config]) == 2
+    assert capsys.readouterr().err == f"error: {config}: steps: 'many' is not an integer\n" and not out.exists()
     config = _write(tmp_path / "bad.yaml", {"steps": 0, "out": str(out)})  # parsed, then refused by the checks
     assert main(["--config", config]) == 2
     assert "--steps must be >= 1" in capsys.readouterr().err and not out.exists()

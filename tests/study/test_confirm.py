@@ -16,6 +16,7 @@ from scipy import integrate
 from scipy import stats as scipy_stats
 from study_fixtures import PILOT_LN_MAGNITUDE, layer_run, pilot_spec, write_pilot
 
+from bhyt_pl import strict_json
 from bhyt_pl.study import confirm, power, stats
 from bhyt_pl.study.confirm import ConfirmationRecord, evaluate, family_runs, frozen_plan, load_pilot, p_value
 from bhyt_pl.study.results import StudyRecord
@@ -233,7 +234,11 @@ def test_a_restart_keeps_plan_json_and_refuses_options_that_ask_for_another(tmp_
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(confirm, "make_confirmation_plan", recompute)
         again = frozen_plan(path, pilot, None, None, None)  # no option given: the plan's own
-    assert json.loads(json.dumps(again.to_dict())) == json.loads(written) == json.loads(json.dumps(first.to_dict()))
+    assert (
+        strict_json.loads(strict_json.dumps(again.to_dict()))
+        == strict_json.loads(written)
+        == strict_json.loads(strict_json.dumps(first.to_dict()))
+    )
     assert path.read_bytes() == written
     with pytest.raises(ValueError, match=r"frozen .* --max-seeds 5: the plan has 12; --seeds 4: the plan has its own"):
         frozen_plan(path, pilot, None, 5, 4)

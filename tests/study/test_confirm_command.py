@@ -109,6 +109,55 @@ def test_confirm_trains_the_planned_runs_and_leaves_the_pilot_alone(
     assert "study confirm --report-from DIR" in capsys.readouterr().err
 
 
+def test_an_interrupted_confirmation_says_so_and_its_resume_keeps_the_total_wall_time(
+    tmp_path: Path, trained: list[str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Ctrl-C at the 5th run: exit 130 with the resume line and no "finished" line, a report marked partial (4 of 20
+    runs); the same command then finishes it, reusing the 4, and the record counts both invocations' time."""
+    pilot = write_pilot(tmp_path / "pilot")
+    out = pilot / "confirmation"
+    stand_in = runner.run_one
+
+    def interrupted(spec: RunSpec, *args, **kwargs) -> RunResult:
+        if len(trained) == 4:
+            raise KeyboardInterrupt
+        return stand_in(spec, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "run_one", interrupted)
+    argv = ["confirm", "--pilot", str(pilot), "--max-seeds", "12", "--workers", "1"]
+    with caplog.at_level("INFO"):
+        assert main(argv) == 130
+    messages = [r.getMessage() for r in caplog.records]
+    assert not any(m.startswith("confirmation finished") for m in messages)
+    assert (
+        messages[-2].startswith("confirmation interrupted after ")
+        and ", 4 of 20 runs done; partial report: " in messages[-2]
+    )
+    assert messages[-1] == "this machine's workers stop; the same command resumes it, reusing every finished run"
+    report = (out / "report.md").read_text().splitlines()
+    assert report[2].startswith("**Partial: 4 of 20 runs.** This confirmation was interrupted before its last run")
+    meta = json.loads((out / "results.json").read_text())["meta"]
+    assert meta["partial"]["state"] == "interrupted" and [i["outcome"] for i in meta["invocations"]] == ["interrupted"]
+
+    monkeypatch.setattr(runner, "run_one", stand_in)
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        assert main(argv) == 0
+    assert len(trained) == 20  # the 4 finished runs were reused, not trained again
+    assert any(r.getMessage().startswith("confirmation finished in ") for r in caplog.records)
+    meta = json.loads((out / "results.json").read_text())["meta"]
+    assert "partial" not in meta and [i["outcome"] for i in meta["invocations"]] == ["interrupted", "finished"]
+    total = sum(i["wall_seconds"] for i in meta["invocations"])
+    assert meta["wall_seconds"] == pytest.approx(total, abs=0.11) and meta["runs_reused"] == 4
+    text = (out / "report.md").read_text()
+    assert "Partial" not in text and "- invocations: 2 (" in text
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    (copy / "results.json").write_bytes((out / "results.json").read_bytes())
+    assert main(["confirm", "--report-from", str(copy)]) == 0
+    assert (copy / "report.md").read_text() == text  # a finished confirmation's report, from its record alone
+
+
 def test_plan_only_prints_the_plan_and_writes_nothing(tmp_path: Path, trained: list[str], capsys) -> None:
     pilot = write_pilot(tmp_path / "pilot")
     assert main(["confirm", "--pilot", str(pilot), "--plan-only", "--out", str(tmp_path / "c")]) == 0
@@ -140,6 +189,15 @@ def test_bad_arguments_fail_at_once_naming_each(tmp_path: Path, trained: list[st
     assert main(["confirm", "--pilot", str(pilot)]) == 2
     assert "no longer gives its data settings: seq_len 32 where the pilot recorded 64" in capsys.readouterr().err
     assert trained == [] and not (pilot / "confirmation").exists()
+
+
+@pytest.mark.parametrize(("flag", "meant"), [("--pilto", "--pilot"), ("--max-seed", "--max-seeds")])
+def test_a_mistyped_or_shortened_flag_is_one_line_naming_the_flag_meant(
+    flag: str, meant: str, capsys: pytest.CaptureFixture
+) -> None:
+    assert main(["confirm", flag, "3"]) == 2
+    hint = "(options: python -m bhyt_pl study confirm --help)"
+    assert capsys.readouterr().err == f"error: unrecognized argument {flag}; did you mean {meant}? {hint}\n"
 
 
 @pytest.mark.slow

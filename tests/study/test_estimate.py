@@ -5,6 +5,7 @@ dry run that trains and writes nothing."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 import random
 from dataclasses import replace
@@ -166,7 +167,10 @@ def test_probe_times_real_training_steps(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_dry_run_trains_and_writes_nothing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     def no_training(*args: object, **kwargs: object) -> None:
         raise AssertionError("a dry run trained a study run")
@@ -174,12 +178,33 @@ def test_dry_run_trains_and_writes_nothing(
     monkeypatch.setattr("bhyt_pl.study.runner.run_one", no_training)
     monkeypatch.chdir(tmp_path)
     argv = [*TINY, *SMALL, "--probe-steps", "2", "--workers", "2", "--out", str(tmp_path / "study"), "--dry-run"]
-    assert command.main(argv) == 0
+    levels = [logging.getLogger(name).level for name in estimate.LIGHTNING_LOGGERS]
+    with caplog.at_level(logging.INFO):
+        assert command.main(argv) == 0
     assert list(tmp_path.iterdir()) == []  # no study folder, no lightning_logs, no checkpoint
-    text = capsys.readouterr().out
+    captured = capsys.readouterr()
+    text = captured.out
+    # the probe's fit says nothing under a header that says nothing trains: no "`Trainer.fit` stopped: ..."
+    assert not [r.getMessage() for r in caplog.records if r.name.startswith("lightning")]
+    assert "Trainer.fit" not in captured.out + captured.err + caplog.text and "GPU available" not in caplog.text
+    assert [logging.getLogger(name).level for name in estimate.LIGHTNING_LOGGERS] == levels  # restored
     assert "runs: 12 to 18" in text
     assert "CPU time at the probe's pace with 2 worker(s)" in text
     assert "2 step(s) timed after a warm-up step" in text and "1 torch thread(s)" in text and "load average" in text
+
+
+def test_quiet_lightning_holds_back_info_lines_only_and_restores_the_levels(caplog: pytest.LogCaptureFixture) -> None:
+    import lightning.pytorch  # noqa: F401 - its logger's level is Lightning's own (INFO)
+
+    fit_loop = logging.getLogger("lightning.pytorch.loops.fit_loop")
+    levels = [logging.getLogger(name).level for name in estimate.LIGHTNING_LOGGERS]
+    with caplog.at_level(logging.INFO, logger="bhyt_pl"):
+        with estimate.quiet_lightning():
+            fit_loop.info("`Trainer.fit` stopped: `max_steps=6` reached.")
+            fit_loop.warning("a warning still shows")
+        fit_loop.info("after the probe: shown again")
+    assert [r.getMessage() for r in caplog.records] == ["a warning still shows", "after the probe: shown again"]
+    assert [logging.getLogger(name).level for name in estimate.LIGHTNING_LOGGERS] == levels
 
 
 def test_a_bad_estimate_option_exits_2_before_any_work(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -19,6 +19,7 @@ import pytest
 from scipy import integrate
 from scipy import stats as scipy_stats
 
+from bhyt_pl import strict_json
 from bhyt_pl.study import power
 from bhyt_pl.study.power import Candidate, PaperClaim, Plan, make_plan
 
@@ -238,7 +239,7 @@ def test_save_is_atomic(tmp_path, monkeypatch) -> None:
     def broken(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(power.json, "dump", broken)
+    monkeypatch.setattr(strict_json, "dumps", broken)  # fails with the temporary file open
     with pytest.raises(OSError, match="disk full"):
         make_plan([_candidate("peri_ln")], pilot_seed_indices=PILOT_SEEDS).save(path)
     assert path.read_text() == before and [p.name for p in tmp_path.iterdir()] == ["plan.json"]

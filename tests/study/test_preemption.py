@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
 from collections.abc import Iterator
 from dataclasses import asdict, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -143,3 +146,67 @@ def test_a_checkpoint_of_another_spec_is_not_resumed_by_the_run(
     assert not (run_dir / "last.ckpt").exists()
     assert result.wall_seconds < 12.5  # no earlier try's seconds added
     assert result.depth_init != {"magnitude/layer_00": 1.5}  # measured, not read from the other spec's file
+
+
+# ----------------------------------------------------------------------------- SIGTERM inside a job (issue 37)
+@pytest.fixture
+def in_a_job() -> Iterator[list[str]]:
+    """Stand-ins for the handlers a submitit job has (its preemption signal USR2 checkpoints and requeues; SIGTERM is
+    bypassed), each recording its call; restored after."""
+    calls: list[str] = []
+
+    def requeue(signum, frame) -> None:
+        calls.append("requeue")
+        raise SystemExit(-1)
+
+    def bypass(signum, frame) -> None:
+        calls.append("bypass")
+
+    previous = {
+        signal.SIGUSR2: signal.signal(signal.SIGUSR2, requeue),
+        signal.SIGTERM: signal.signal(signal.SIGTERM, bypass),
+    }
+    try:
+        yield calls
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@pytest.mark.slow
+def test_sigterm_at_a_step_saves_the_run_through_lightnings_own_sigterm_handling(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_a_job: list[str]
+) -> None:
+    """Lightning adds its own SIGTERM handler during a fit (it ends the fit at the step's end with
+    ``SIGTERMException``): the job's handler still runs, the run saves ``last.ckpt`` at the end of the step the signal
+    came in and the job exits without a requeue; called again, the run goes on from the next step."""
+    steps: list[int] = []
+
+    class Signalling(DivergenceMonitor):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+            steps.append(trainer.global_step)
+            if trainer.global_step == 3 and not (run_dir / "last.ckpt").exists():
+                os.kill(os.getpid(), signal.SIGTERM)  # SLURM's preemption, at step 3
+
+    monkeypatch.setattr(runner, "DivergenceMonitor", Signalling)
+    setup = command.prepare(["--quick", "--seq-len", "32", "--batch-size", "2", "--shuffle-buffer", "4"])
+    spec = replace(SPEC, norm="rmsnorm", label="rmsnorm@lr0.01-s0", stability_every=0, importance=False)
+    run_dir = tmp_path / "runs" / run_dirname(spec.label)
+    run = partial(
+        run_one, datamodule_factory=setup.data, val_batches=setup.validation_batches()[:1],
+        settings=TrainerSettings(), out_dir=tmp_path,
+    )  # fmt: skip
+    exit_code: object = "no exit"
+    try:
+        slurm.CheckpointableRun(run, grace_s=600.0)(spec)
+    except SystemExit as exc:
+        exit_code = exc.code
+    except KeyboardInterrupt:  # Lightning's SIGTERM exit without the job's save: a failure here, not a suite's Ctrl-C
+        exit_code = "KeyboardInterrupt"
+    assert exit_code == slurm.TERMINATED_EXIT_CODE and in_a_job == []  # no requeue, nothing bypassed
+    assert steps == [1, 2, 3] and (run_dir / "last.ckpt").is_file() and not (run_dir / "result.json").exists()
+    assert not preemption_requested() and signal.getsignal(signal.SIGTERM).__name__ == "bypass"  # restored
+    steps.clear()
+    resumed = run(spec)  # the job's next try
+    assert steps == list(range(4, spec.steps + 1)) and resumed.status == "ok", resumed.error

@@ -1,5 +1,6 @@
 """A study's record (``bhyt_pl.study.results``): written, read back into typed values, a design recorded before it
-carried its frame completed from ``meta``, and a file that is not a study's record named."""
+carried its frame completed from ``meta``, a file that is not a study's record named, and the invocations of a
+resumed study (total wall time, the partial marker until it finishes; an older record as one invocation)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from study_fixtures import synthetic
 
 from bhyt_pl.study.design import Selection, StudyDesign, StudyRuns, parse_group
-from bhyt_pl.study.results import StudyRecord, load
+from bhyt_pl.study.results import Invocation, StudyRecord, load
 
 
 def _record() -> StudyRecord:
@@ -65,3 +66,30 @@ def test_a_confirmations_record_is_named_not_read_as_a_sweep(tmp_path: Path) -> 
     (tmp_path / "results.json").write_text(json.dumps({"meta": {"kind": "confirmation"}, "plan": {}, "runs": []}))
     with pytest.raises(ValueError, match="is a confirmation's record; rebuild its report with python -m bhyt_pl study"):
         load(tmp_path)
+
+
+def test_a_resumed_invocation_adds_its_wall_time_to_the_earlier_ones(tmp_path: Path) -> None:
+    earlier = [
+        {"started": "2025-01-02 10:00:00", "wall_seconds": 120.0, "outcome": "interrupted"},
+        {"started": "2025-01-02 11:00:00", "wall_seconds": 30.5, "outcome": "running"},  # its driver was killed
+    ]
+    (tmp_path / "results.json").write_text(json.dumps({"meta": {"wall_seconds": 150.5, "invocations": earlier}}))
+    invocation = Invocation.resume(tmp_path)
+    assert [i["outcome"] for i in invocation.earlier] == ["interrupted", "stopped"]
+    meta: dict = {}
+    invocation.record(meta, done=3, planned=10, final=False)
+    assert meta["partial"] == {"runs_done": 3, "runs_planned": 10, "planned_final": False, "state": "running"}
+    this = meta["invocations"][-1]
+    assert len(meta["invocations"]) == 3 and this["outcome"] == "running"
+    assert meta["wall_seconds"] == pytest.approx(150.5 + this["wall_seconds"], abs=0.11)  # each rounded to 0.1 s
+    invocation.record(meta, done=10, planned=10, outcome="finished")
+    assert "partial" not in meta and meta["invocations"][-1]["outcome"] == "finished"
+
+
+def test_an_older_record_counts_as_one_invocation_and_restart_starts_afresh(tmp_path: Path) -> None:
+    (tmp_path / "results.json").write_text(json.dumps({"meta": {"wall_seconds": 36.7}, "runs": []}))
+    assert Invocation.resume(tmp_path).earlier == [{"wall_seconds": 36.7}]
+    assert Invocation.resume(tmp_path, restart=True).earlier == []  # --restart trains the study again
+    assert Invocation.resume(tmp_path / "missing").earlier == []
+    (tmp_path / "results.json").write_text("{torn")
+    assert Invocation.resume(tmp_path).earlier == []  # unreadable: nothing carried over, with a log line

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from bhyt_pl import strict_json
 from bhyt_pl.study import command
 from bhyt_pl.study.runner import COMPILE_LOSS_TOLERANCE, RunResult, RunSpec, TrainerSettings, run_dirname, run_one
 
@@ -56,7 +57,7 @@ def test_a_run_that_fails_is_recorded_and_its_record_reads_back(tmp_path: Path) 
     assert result.status == "error" and result.error == "RuntimeError: no data for seed 43"
     path = tmp_path / "runs" / "dyt_alpha_attn=0.5@lr0.01-s1" / "result.json"
     assert run_dirname(spec.label) == path.parent.name
-    back = RunResult.from_dict(json.loads(path.read_text()))
+    back = RunResult.from_dict(strict_json.loads(path.read_text()))  # NaN written as the string "NaN"
     assert back.spec == spec and back.status == "error" and math.isnan(back.val_loss)
     full = RunResult(spec, losses=[(1, 5.0), (2, 4.5)], depth_final={"magnitude/layer_00": 2.0}, val_loss=4.0)
     again = RunResult.from_dict(json.loads(json.dumps(full.to_dict())))

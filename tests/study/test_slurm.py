@@ -16,11 +16,14 @@ from pathlib import Path
 
 import psutil
 import pytest
+import submitit
 import torch
 from fake_slurm.cluster import FakeSlurm
 from fake_slurm.jobs import expected_loss, quick_run, stepped_loss, stepped_run
+from submitit.core.utils import FailedJobError
 
 from bhyt_pl.errors import UsageError
+from bhyt_pl.study import slurm
 from bhyt_pl.study.job_records import JobRecords
 from bhyt_pl.study.launcher import Launcher, RunEvent, RunState
 from bhyt_pl.study.runner import RunSpec
@@ -294,24 +297,147 @@ def test_outside_a_job_the_run_keeps_the_signal_alone(torch_threads, monkeypatch
     monkeypatch.setenv("SLURM_CPUS_PER_TASK", "2")
     assert CheckpointableRun(lambda spec: torch.get_num_threads(), cpus_per_task=5)(RunSpec("a", "rmsnorm")) == 2
     assert signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+    def interrupted(spec: RunSpec) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):  # outside a job a Ctrl-C stays a Ctrl-C
+        CheckpointableRun(interrupted)(RunSpec("a", "rmsnorm"))
+
+
+@pytest.fixture
+def submitit_signals() -> Iterator[list[tuple[str, bool]]]:
+    """Stand-ins for the handlers submitit's job sets (``JobEnvironment._handle_signals``): USR2 checkpoints, requeues
+    and exits (recorded, then ``SystemExit(-1)``); SIGTERM is logged and bypassed (recorded). Restored after."""
+    calls: list[tuple[str, bool]] = []
+
+    def requeue(signum, frame) -> None:
+        calls.append(("requeue", frame is None))
+        raise SystemExit(-1)
+
+    def bypass(signum, frame) -> None:
+        calls.append(("bypass", frame is None))
+
+    previous = {
+        sig: signal.signal(sig, handler) for sig, handler in ((signal.SIGUSR2, requeue), (signal.SIGTERM, bypass))
+    }
+    try:
+        yield calls
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _signalled_at(step: int, *signals: signal.Signals) -> tuple[Callable[[RunSpec], None], list[int]]:
+    """A run of 200 steps that sends itself ``signals`` at ``step`` and stops (``RunPreempted``) at the end of the first
+    step that sees ``preemption_requested``; the list gets that step."""
+    stopped: list[int] = []
+
+    def run(spec: RunSpec) -> None:
+        for i in range(200):
+            if i == step:
+                for sig in signals:
+                    os.kill(os.getpid(), sig)
+            if preemption_requested():
+                stopped.append(i)
+                raise RunPreempted
+        raise AssertionError("the run was not asked to stop")
+
+    return run, stopped
+
+
+def test_sigterm_in_a_job_saves_at_the_step_end_then_exits_without_requeueing(submitit_signals, torch_threads) -> None:
+    """SLURM's SIGTERM (preemption without send_user_signal; scancel) stops the run at its step's end, as USR2 does;
+    the job then exits with 143 and does not requeue itself (a cancelled job must stay cancelled)."""
+    run, stopped = _signalled_at(5, signal.SIGTERM)
+    with pytest.raises(SystemExit) as exit_info:
+        CheckpointableRun(run, grace_s=600.0)(RunSpec(label="a", norm="rmsnorm"))
+    assert exit_info.value.code == 128 + signal.SIGTERM == slurm.TERMINATED_EXIT_CODE
+    assert stopped == [5] and submitit_signals == []  # at the step's end; neither of submitit's handlers ran
+    assert not preemption_requested()
+    assert signal.getsignal(signal.SIGTERM).__name__ == "bypass"  # submitit's handler is back
+
+
+def test_sigterm_with_the_preemption_signal_requeues(submitit_signals, torch_threads) -> None:
+    run, stopped = _signalled_at(5, signal.SIGTERM, signal.SIGUSR2)
+    with pytest.raises(SystemExit) as exit_info:
+        CheckpointableRun(run, grace_s=600.0)(RunSpec(label="a", norm="rmsnorm"))
+    assert exit_info.value.code == -1 and stopped == [5]
+    assert submitit_signals == [("requeue", True)]  # once, after the run stopped (no frame: not from a signal)
+
+
+def test_a_run_stopped_by_sigterm_without_saving_exits_the_same_way(submitit_signals, torch_threads) -> None:
+    """Lightning turns SIGTERM outside a step end into its own SystemExit (a KeyboardInterrupt once the run has
+    seen it): the job exits as for SIGTERM, not as a failed run."""
+
+    def run(spec: RunSpec) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit) as exit_info:
+        CheckpointableRun(run, grace_s=600.0)(RunSpec(label="a", norm="rmsnorm"))
+    assert exit_info.value.code == slurm.TERMINATED_EXIT_CODE and submitit_signals == []
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, SystemExit(3)], ids=["KeyboardInterrupt", "SystemExit"])
+def test_a_run_ending_with_a_base_exception_in_a_job_is_a_recorded_error(submitit_signals, stop) -> None:
+    """submitit records only an ``Exception`` as the job's error: the run's ``KeyboardInterrupt`` (the local
+    controller's SIGINT) or ``SystemExit`` is raised again as one naming it, so the driver's reason is the cause."""
+
+    def run(spec: RunSpec) -> None:
+        raise stop
+
+    with pytest.raises(RuntimeError, match=r"^the run ended with (KeyboardInterrupt|SystemExit: 3)$") as error:
+        CheckpointableRun(run)(RunSpec(label="a", norm="rmsnorm"))
+    assert isinstance(error.value.__cause__, (KeyboardInterrupt, SystemExit)) and submitit_signals == []
+
+
+LEAFSPEC = "UserWarning: LeafSpec is deprecated (a warning printed last, not the cause)"
+TRACE = f"""Traceback (most recent call last):
+  File "job.py", line 3, in run
+    raise ValueError(message)
+ValueError: first line of the message
+second line
+{LEAFSPEC}
+"""
+
+
+def test_a_failed_jobs_reason_is_its_exception_and_the_log_only_without_one(tmp_path: Path) -> None:
+    job = submitit.LocalJob(folder=tmp_path / "%j", job_id="42")
+    recorded = FailedJobError(f"Job (task=0) failed during processing with trace:\n----------------------\n{TRACE}"
+                              "\n----------------------\nYou can check full logs with 'job.stderr(0)'")  # fmt: skip
+    assert slurm._job_error(recorded, job) == f"ValueError: first line of the message (log: {job.paths.stderr})"
+    assert slurm.exception_line(TRACE) == "ValueError: first line of the message"
+    assert slurm.exception_line(f"{LEAFSPEC}\n") is None
+    job.paths.stderr.parent.mkdir(parents=True)
+    job.paths.stderr.write_text(f"starting\n{TRACE}")  # a process that died of an exception nobody recorded
+    assert (
+        slurm._log_tail(job)
+        == f"; its log's last exception: 'ValueError: first line of the message' ({job.paths.stderr})"
+    )
+    job.paths.stderr.write_text(f"step 3\n{LEAFSPEC}\n")  # killed: no exception anywhere, the last line it is
+    assert slurm._log_tail(job) == f"; its log ends: {LEAFSPEC!r} ({job.paths.stderr})"
 
 
 # ----------------------------------------------------------------------------- real jobs, fake SLURM
 @pytest.mark.slow
 def test_failed_tries_are_resubmitted_until_the_retries_are_spent(tmp_path: Path, fake: FakeSlurm) -> None:
-    """A job killed mid-run and a run whose result says ``error`` get a second try that succeeds; a run that
-    raises every time is reported FAILED after its two tries, naming both errors."""
+    """A job killed mid-run, a run whose result says ``error`` and a run that ends with ``KeyboardInterrupt`` get a
+    second try that succeeds; a run that raises every time is reported FAILED after its two tries, naming both
+    errors. Each failed try's reason is the run's exception, not the last line of its log (a warning there)."""
     gate = tmp_path / "gate"
     killed, erred = spec("killed", tmp_path, gate=str(gate)), spec("erred", tmp_path, error_tries=1)
     broken = spec("broken", tmp_path, fail_tries=9)
+    interrupted = spec("interrupted", tmp_path, interrupt_tries=1)
     with SubmititLauncher(settings(retries=1, cpus_per_task=3), tmp_path / "study", "s", quick_run) as launcher:
-        launcher.start([killed, erred, broken])
+        launcher.start([killed, erred, broken, interrupted])
         fake.wait_for("1000_0", "RUNNING")
         wait_until(lambda: (tmp_path / "traces" / "killed.calls").exists(), what="the run started")
         fake.kill("1000_0")
         gate.touch()
-        events = drain(launcher, {"killed", "erred", "broken"})
-    for label in ("killed", "erred"):
+        events = drain(launcher, {"killed", "erred", "broken", "interrupted"})
+    for label in ("killed", "erred", "interrupted"):
         assert events[label][-1].state == RunState.DONE
         result = events[label][-1].result
         assert (
@@ -325,11 +451,19 @@ def test_failed_tries_are_resubmitted_until_the_retries_are_spent(tmp_path: Path
     tries = {}
     for event, label, _, attempt in records(tmp_path / "study"):
         tries.setdefault(label, []).append(f"{event} {attempt}")
-    assert tries["killed"] == tries["erred"] == ["submitted 1", "failed 1", "submitted 2", "done 2"]
+    assert (
+        tries["killed"]
+        == tries["erred"]
+        == tries["interrupted"]
+        == ["submitted 1", "failed 1", "submitted 2", "done 2"]
+    )
     assert tries["broken"] == ["submitted 1", "failed 1", "submitted 2", "failed 2"]
     failed = {r.label: r.error for r in JobRecords(tmp_path / "study").read() if r.event == "failed" and r.attempt == 1}
     assert failed["killed"].startswith("the job ended (FAILED) without a result")
     assert failed["erred"] == "the run ended with status error: ValueError: the run recorded an error"
+    assert failed["interrupted"].startswith("RuntimeError: the run ended with KeyboardInterrupt (log: ")
+    log = Path(failed["interrupted"].split("(log: ")[1].rstrip(")")).read_text().splitlines()
+    assert "LeafSpec" in log[-1]  # what the reason used to quote
 
 
 @pytest.mark.slow
@@ -378,6 +512,33 @@ def test_a_preempted_slurm_job_is_requeued_and_resumes_where_it_stopped(tmp_path
     assert records(tmp_path / "study") == [("submitted", "stepped", "1000", 1), ("done", "stepped", "1000", 1)]
 
 
+@pytest.mark.slow
+def test_a_sigterm_preempted_slurm_job_saves_and_its_next_try_resumes_where_it_stopped(
+    tmp_path: Path, fake: FakeSlurm
+) -> None:
+    """SIGTERM alone (SLURM's preemption without ``PreemptParameters=send_user_signal``): the run stops at a step's
+    end and the job exits without requeueing itself; the launcher's next try resumes from the saved step, to the
+    uninterrupted result (submitit alone would bypass SIGTERM and lose every step at the SIGKILL)."""
+    run = replace(spec("stepped", tmp_path, step_s=0.1), steps=30)
+    progress = tmp_path / "traces" / "stepped.progress.json"
+    with SubmititLauncher(settings(retries=1), tmp_path / "study", "s", stepped_run) as launcher:
+        launcher.start([run])
+        wait_until(lambda: progress.exists() and json.loads(progress.read_text())["step"] >= 3, what="step 3")
+        assert os.system("scancel 1000 --signal TERM") == 0
+        events = drain(launcher, {"stepped"})
+    result = events["stepped"][-1].result
+    assert result.train_loss == stepped_loss(run) and result.steps_done == 30  # the uninterrupted run's loss
+    starts = result.stability["starts"]
+    assert len(starts) == 2 and starts[0] == 0 and 3 <= starts[1] < 30
+    assert fake.log("scontrol") == []  # the job did not requeue itself
+    assert [r[:2] + (r[3],) for r in records(tmp_path / "study")] == [
+        ("submitted", "stepped", 1),
+        ("failed", "stepped", 1),
+        ("submitted", "stepped", 2),
+        ("done", "stepped", 2),
+    ]
+
+
 # ----------------------------------------------------------------------------- real jobs, submitit's local executor
 @pytest.mark.slow
 def test_the_local_executor_runs_each_run_as_a_job_throttled(local_jobs: Path) -> None:
@@ -410,6 +571,7 @@ def test_the_local_executor_runs_each_run_as_a_job_throttled(local_jobs: Path) -
     ]
     jobs = [r[2] for r in records(tmp_path / "study") if r[0] == "submitted"]
     assert len(jobs) == 2 and all(job.isdigit() for job in jobs)  # local jobs are processes
+    assert [p for p in (tmp_path / "study").rglob("*") if "%" in p.name] == []  # no literal jobs/%j folder
 
 
 @pytest.mark.slow
@@ -436,3 +598,4 @@ def test_a_preempted_local_job_resumes_from_its_checkpoint_with_the_same_result(
     starts = result.stability["starts"]
     assert len(starts) == 2 and starts[0] == 0 and 3 <= starts[1] < 30
     assert records(tmp_path / "study") == [("submitted", "stepped", job, 1), ("done", "stepped", job, 1)]
+    assert [p for p in (tmp_path / "study").rglob("*") if "%" in p.name] == []  # not after the restart either

@@ -222,6 +222,28 @@ def test_bad_arguments_exit_2_before_any_run(tmp_path: Path, capsys: pytest.Capt
     assert not (tmp_path / "x").exists()
 
 
+def test_a_misspelt_scheme_argument_is_one_line_naming_it_and_the_accepted_ones(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    assert main(["--schemes", "rmsnorm", "bhyt:lamda_attn=1.0", "--steps", "5", "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --schemes 'bhyt:lamda_attn=1.0': norm 'bhyt' has no argument(s) 'lamda_attn'; ")
+    assert "its arguments: lambda_attn, lambda_mlp, " in err and err.count("\n") == 1
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize(
+    ("flag", "meant"), [("--stpes", "--steps"), ("--step", "--steps"), ("--matched-lr", "--matched-lrs")]
+)
+def test_a_mistyped_or_shortened_flag_is_one_line_naming_the_flag_meant(
+    flag: str, meant: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """No usage dump, and no prefix matching: ``--step 5`` is not read as ``--steps 5``."""
+    assert main([flag, "5", "--out", str(tmp_path / "x")]) == 2
+    expected = f"error: unrecognized argument {flag}; did you mean {meant}? (options: python -m bhyt_pl study --help)"
+    assert capsys.readouterr().err == expected + "\n" and not (tmp_path / "x").exists()
+
+
 def test_a_candidate_in_two_groups_exits_2_naming_both_before_any_run(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
@@ -305,7 +327,9 @@ def test_report_from_a_folder_without_a_record_exits_2(tmp_path: Path, capsys: p
 def test_ctrl_c_exits_130_saying_the_command_resumes_and_the_rerun_reuses_what_finished(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Lightning turns Ctrl-C inside a fit into ``sys.exit(1)``; the study leaves with 130, as ``fit`` does."""
+    """Lightning turns Ctrl-C inside a fit into ``sys.exit(1)``; the study leaves with 130, as ``fit`` does, says it
+    was interrupted (never "finished") with a report marked partial, and the rerun finishes it with the time of
+    both invocations in its record; that report rebuilds from its results.json byte for byte."""
     import signal
 
     from bhyt_pl.study.callbacks import DivergenceMonitor
@@ -330,10 +354,29 @@ def test_ctrl_c_exits_130_saying_the_command_resumes_and_the_rerun_reuses_what_f
             assert main(argv) == 130
     finally:
         signal.signal(signal.SIGINT, handler)  # Lightning ignores SIGINT after an interrupt
-    assert any("the same command resumes it, reusing every finished run" in r.getMessage() for r in caplog.records)
+    messages = [r.getMessage() for r in caplog.records]
+    assert not any(m.startswith("study finished") for m in messages)
+    assert (
+        messages[-2].startswith("study interrupted after ") and ", 1 of 2 runs done; partial report: " in messages[-2]
+    )
+    assert messages[-1] == "this machine's workers stop; the same command resumes it, reusing every finished run"
+    report = (out / "report.md").read_text().splitlines()
+    assert report[2].startswith("**Partial: 1 of 2 runs.** This study was interrupted before its last run")
+    meta = json.loads((out / "results.json").read_text())["meta"]
+    assert meta["partial"] == {"runs_done": 1, "runs_planned": 2, "planned_final": True, "state": "interrupted"}
+    assert [i["outcome"] for i in meta["invocations"]] == ["interrupted"]
     finished = [p / "result.json" for p in (out / "runs").iterdir() if (p / "result.json").exists()]
     assert [p.parent.name for p in finished] == ["rmsnorm@L1-lr0.001-steps2-s0"]
     first = finished[0].read_text()
     monkeypatch.setattr(DivergenceMonitor, "on_train_batch_end", original)
     assert main(argv) == 0
     assert finished[0].read_text() == first and len(_runs(out)) == 2  # reused, not trained again
+    meta = json.loads((out / "results.json").read_text())["meta"]
+    assert "partial" not in meta and [i["outcome"] for i in meta["invocations"]] == ["interrupted", "finished"]
+    assert meta["wall_seconds"] == pytest.approx(sum(i["wall_seconds"] for i in meta["invocations"]), abs=0.11)
+    text = (out / "report.md").read_text()
+    assert "Partial" not in text and "- invocations: 2 (" in text
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    (copy / "results.json").write_bytes((out / "results.json").read_bytes())
+    assert main(["--report-from", str(copy)]) == 0 and (copy / "report.md").read_text() == text

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import shutil
 from pathlib import Path
 
-from study_fixtures import synthetic_set
+from study_fixtures import synthetic_set, write_pilot
 
 from bhyt_pl.study.command import report_from
 from bhyt_pl.study.report import write_report
-from bhyt_pl.study.results import StudyRecord, load
+from bhyt_pl.study.results import Invocation, StudyRecord, load
 
 COMMITTED = Path(__file__).resolve().parents[2] / "docs" / "depth_study"
 
@@ -84,3 +85,53 @@ def test_failed_runs_get_a_section_naming_each_with_its_error(tmp_path: Path) ->
     assert f"| `{results[1].spec.label}` | no error recorded |" in head
     clean = write_report(tmp_path / "clean", StudyRecord(dict(META), results, design), figures=False)["report"]
     assert "## Failed runs" not in clean.read_text()
+
+
+def _refuse(constant: str) -> float:
+    raise ValueError(f"not strict JSON: {constant}")
+
+
+def _pilot_record(tmp_path: Path) -> StudyRecord:
+    """A depth study's record of registered schemes (its groups parse again when the record is read back)."""
+    record = load(write_pilot(tmp_path / "pilot"))
+    record.meta.update({"max_loss": 12.0, "machine": {"cpu": "test"}})
+    return record
+
+
+def test_a_record_with_nan_and_infinity_is_strict_json_and_rebuilds_its_report_byte_for_byte(tmp_path: Path) -> None:
+    record = _pilot_record(tmp_path)
+    record.runs[0] = dataclasses.replace(record.runs[0], status="diverged", val_loss=math.nan, diverged_loss=math.inf)
+    paths = write_report(tmp_path, record, figures=False)
+    text = paths["results"].read_text()
+    document = json.loads(text, parse_constant=_refuse)  # a strict reader: no bare NaN or Infinity
+    assert document["runs"][0]["val_loss"] == "NaN" and document["runs"][0]["diverged_loss"] == "Infinity"
+    back = load(tmp_path).runs[0]
+    assert math.isnan(back.val_loss) and back.diverged_loss == math.inf
+    written = paths["report"].read_text()
+    paths["report"].unlink()
+    report_from(tmp_path, figures=False)
+    assert paths["report"].read_text() == written and paths["results"].read_text() == text
+
+
+def test_an_unfinished_study_is_marked_partial_at_the_top_and_lists_its_invocations(tmp_path: Path) -> None:
+    record = _pilot_record(tmp_path)
+    earlier = Invocation([{"started": "2025-01-02 10:00:00", "wall_seconds": 120.0, "outcome": "interrupted"}])
+    earlier.record(record.meta, done=4, planned=12, final=False, outcome="interrupted")
+    paths = write_report(tmp_path, record, figures=False)
+    lines = paths["report"].read_text().splitlines()
+    assert lines[:2] == ["# Depth study", ""]
+    assert lines[2].startswith("**Partial: 4 of at least 12 runs.** This study was interrupted before its last run")
+    assert "The same command resumes it" in lines[2] and lines[4].startswith("Command: `python -m bhyt_pl study ")
+    listed = [line for line in lines if line.startswith("- invocations: ")]
+    assert listed[0].startswith("- invocations: 2 (2025-01-02 10:00:00, 120.0 s, interrupted; ")
+    assert listed[0].endswith(" s, interrupted)") and record.meta["wall_seconds"] >= 120.0
+    written = paths["report"].read_text()
+    paths["report"].unlink()
+    report_from(tmp_path, figures=False)  # the marker comes from results.json alone
+    assert paths["report"].read_text() == written
+    earlier.record(record.meta, done=5, planned=20)  # between two runs: still running, nothing to resume yet
+    head = write_report(tmp_path, record, figures=False)["report"].read_text().splitlines()[2]
+    assert head.startswith("**Partial: 5 of 20 runs.** This study is still running: ") and "resumes" not in head
+    earlier.record(record.meta, done=20, planned=20, outcome="finished")  # the same invocation, finished: no marker
+    text = write_report(tmp_path, record, figures=False)["report"].read_text()
+    assert "Partial" not in text and " s, finished)" in text and "partial" not in load(tmp_path).meta
