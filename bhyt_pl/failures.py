@@ -230,8 +230,8 @@ class FailureReport:
         # killed), would otherwise print on (Lightning's signal handler logs "Received SIGTERM") until ``_exit``
         sys.stdout.flush()
         devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.dup2(devnull, sys.stderr.fileno())
+        for console in (1, 2):  # the process's own stdout and stderr, whatever sys.stdout has become
+            os.dup2(devnull, console)
         before_exit()
         self._exit(code)
 

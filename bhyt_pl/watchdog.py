@@ -127,6 +127,14 @@ class HangWatchdog(L.Callback):
         """The wakeup fd installed before ours (asyncio's, another library's), which gets every byte forwarded."""
         self._thread: threading.Thread | None = None
 
+    def __getstate__(self) -> dict[str, Any]:
+        """What a spawned process gets (``ddp_spawn`` pickles the trainer): the setting; the thread, the pipe,
+        the lock and the command line's report belong to this process."""
+        return {"grace_s": self.grace_s}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(**state)
+
     # ------------------------------------------------------------------ the trainer's hooks
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -139,6 +147,15 @@ class HangWatchdog(L.Callback):
     @override
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._uninstall()
+
+    @override
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        # Lightning calls no teardown after an exception. Without a signal the run ends on its own error; after one
+        # (SIGTERM's save of ``last`` comes next) the watchdog stays to the end of the process
+        with self._lock:
+            signalled = self._signal is not None
+        if not signalled:
+            self._uninstall()
 
     @override
     def on_train_batch_start(

@@ -7,6 +7,7 @@ line printed and ends on Ctrl-C (130)."""
 from __future__ import annotations
 
 import os
+import pickle
 import re
 import select
 import shlex
@@ -121,6 +122,18 @@ def test_the_line_names_the_wait_the_killed_ranks_the_checkpoint_and_the_resume_
     assert alone.endswith(f"; resume from it with Trainer.fit(ckpt_path=...); every thread's stack in {log.path}")
 
 
+def test_a_spawned_process_gets_the_setting_not_the_thread(signals_restored) -> None:
+    """``ddp_spawn`` pickles the trainer with its callbacks: a lock, a thread and a pipe do not pickle."""
+    watchdog = HangWatchdog(grace_s=30)
+    watchdog.failure_report = FailureReport(["fit"])
+    watchdog.setup(SimpleNamespace(), None, "fit")
+    try:
+        copy = pickle.loads(pickle.dumps(watchdog))
+    finally:
+        watchdog.teardown(SimpleNamespace(), None, "fit")
+    assert (copy.grace_s, copy.failure_report, copy._thread, copy.deadline()) == (30.0, None, None, None)
+
+
 @pytest.mark.parametrize("grace_s", [0, -5, True])
 def test_the_grace_must_be_a_positive_number_of_seconds(grace_s) -> None:
     with pytest.raises(ValueError, match=re.escape(f"HangWatchdog: grace_s must be a positive number of seconds or "
@@ -209,9 +222,13 @@ def test_in_a_fit_a_hang_after_sigterm_reaches_the_end_of_the_run(tmp_path: Path
     hang = _HangsAfterSigterm(step=2)
     watchdog = HangWatchdog(grace_s=0.05)
     lines: list[str] = []
+    frames: list[tuple[str, str]] = []
 
     def end_run(frame) -> None:
         lines.append(watchdog.hang_line(FailureReport(None), signal.SIGTERM, frame, []))
+        while frame is not None:  # (type of ``self``, function) of each frame, innermost first
+            frames.append((type(frame.f_locals.get("self")).__name__, frame.f_code.co_name))
+            frame = frame.f_back
         hang.released.set()
 
     monkeypatch.setattr(watchdog, "end_run", end_run)
@@ -220,13 +237,32 @@ def test_in_a_fit_a_hang_after_sigterm_reaches_the_end_of_the_run(tmp_path: Path
                         callbacks=[hang, watchdog])  # fmt: skip
     with pytest.raises(SystemExit):  # Lightning's SIGTERMException, after the released step
         trainer.fit(BoringModel())
+    assert watchdog._thread is not None  # after a signal it stays to the end of the process
     watchdog.teardown(trainer, None, "fit")  # Lightning calls no teardown hook after an exception
     assert lines and lines[0].startswith(
         "stopped by SIGTERM: no progress for 0.05 s after the signal: training step 2 (batch 1) had started and it "
-        "did not finish; the main thread waits in wait ("
+        "did not finish; the main thread waits in "
     ), lines
+    assert ("_HangsAfterSigterm", "on_train_batch_end") in frames and ("Trainer", "fit") in frames  # in the run
     assert lines[0].endswith("; no checkpoint was saved yet") and trainer.global_step == 2
     assert watchdog.main_frame_in_run() is None  # the run is over
+
+
+class _Fails(L.Callback):
+    def on_train_batch_end(self, trainer: L.Trainer, *args) -> None:
+        raise RuntimeError("a bug")
+
+
+def test_a_run_that_fails_on_its_own_leaves_no_watchdog_behind(tmp_path: Path, signals_restored) -> None:
+    wakeup = signal.set_wakeup_fd(-1)
+    signal.set_wakeup_fd(wakeup)
+    watchdog = HangWatchdog()
+    trainer = L.Trainer(default_root_dir=tmp_path, max_steps=5, limit_val_batches=0, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[_Fails(), watchdog])  # fmt: skip
+    with pytest.raises(RuntimeError, match="a bug"):
+        trainer.fit(BoringModel())
+    assert watchdog._thread is None and signal.set_wakeup_fd(wakeup) == wakeup
 
 
 # ---------------------------------------------------------------------------------------------- two processes
