@@ -42,6 +42,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy, Strategy
 from typing_extensions import override
 
+from bhyt_pl.disk_full import payload_bytes, save_disk_full
 from bhyt_pl.errors import UsageError
 
 __all__ = [
@@ -148,9 +149,11 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 os.replace(tmp, path)  # atomic on POSIX within one filesystem
                 _fsync_dir(path.parent)
         except BaseException as err:
+            # before the partial file is removed: torch's writer may hide the errno (``save_disk_full``)
+            full = save_disk_full(err, path, tmp, payload_bytes(checkpoint)) if isinstance(err, Exception) else None
             Path(tmp).unlink(missing_ok=True)
-            if _is_disk_full(err):  # torch reports it as an opaque writer error with the OSError in its chain
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from err
+            if full is not None and full is not err:
+                raise full from err
             raise
 
 
@@ -211,14 +214,6 @@ def _fsync_dir(path: Path) -> None:
             raise
     finally:
         os.close(fd)
-
-
-def _is_disk_full(err: BaseException | None) -> bool:
-    while err is not None:
-        if isinstance(err, OSError) and err.errno == errno.ENOSPC:
-            return True
-        err = err.__cause__ or err.__context__
-    return False
 
 
 def _umask() -> int:

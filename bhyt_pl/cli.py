@@ -10,10 +10,11 @@ The LightningCLI subclass adds defaults, argument links and the checks that keep
   (or the older ``<run_name>/checkpoints/`` layout), an error when there is none; a resume writes
   into the version folder of the checkpoint it continues, and fails before any work when the model
   config differs from the checkpoint's (``bhyt_pl.checkpoint.resume_mismatches``);
-- ``RunCheckpoint`` (``--checkpoint.*``), ``LearningRateMonitor`` (``--lr_monitor.*``) and the step
-  progress bar are always on, and ``TokenThroughputMonitor`` (tokens/s in the progress bar) unless the
-  config already has one; a monitor configured twice (a callback preset stacked on a recipe that has one) is
-  kept once, the later one (``ONE_PER_RUN``);
+- ``RunCheckpoint`` (``--checkpoint.*``), ``HangWatchdog`` (``--hang_watchdog.*``: SIGTERM or Ctrl-C ends a
+  run hung in a collective), ``LearningRateMonitor`` (``--lr_monitor.*``) and the step progress bar are always
+  on, and ``TokenThroughputMonitor`` (tokens/s in the progress bar) unless the config already has one; a
+  monitor configured twice (a callback preset stacked on a recipe that has one) is kept once, the later one
+  (``ONE_PER_RUN``);
 - ``validate``/``test``/``predict`` on a run's checkpoint log into that run's version folder (their config as
   ``config_<subcommand>.yaml``) instead of claiming a new ``version_N`` at every call;
 - the fit's log line of optimisation settings names the recipe file or the command line each given one came from;
@@ -22,14 +23,13 @@ The LightningCLI subclass adds defaults, argument links and the checks that keep
 - every run writes ``<version dir>/train.log`` (``RunLogFile``: logging, warnings, the traceback);
 - on the command line, problems the user fixes (bad settings, files, a full disk, an incomplete checkpoint)
   print one short error without a traceback and exit with status 2 (once, from rank 0, when every rank raises
-  it: ``UsageError(every_rank=True)``); a stopped peer process or a failed save
+  it: ``AgreedUsageError``); a stopped peer process or a failed save
   prints one line naming the last complete checkpoint and the command that resumes, and exits with status 1
-  (``bhyt_pl.failures``).
+  (``bhyt_pl.failures``); an error every rank raises (a full disk at a save, too little free space) prints once.
 """
 
 from __future__ import annotations
 
-import errno
 import os
 import re
 import sys
@@ -45,11 +45,14 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_only
 
 from bhyt_pl.callbacks.checkpointing import CheckpointSaveError, RunCheckpoint, StoppedByCtrlC
-from bhyt_pl.errors import UsageError
-from bhyt_pl.failures import FailureReport, exception_chain
+from bhyt_pl.checkpoint_io import human_size
+from bhyt_pl.disk_full import DiskFull, disk_full_in, free_bytes
+from bhyt_pl.errors import AgreedUsageError, UsageError, exception_chain
+from bhyt_pl.failures import FailureReport
 from bhyt_pl.module import GIVEN, LlamaLM
 from bhyt_pl.run_config import data_run_facts, data_tokenizer
 from bhyt_pl.runs import run_loggers
+from bhyt_pl.watchdog import HangWatchdog
 
 __all__ = ["BHyTCLI", "default_run_name", "main"]
 
@@ -233,6 +236,7 @@ class BHyTCLI(LightningCLI):
             {"checkpoint.save_last": True, "checkpoint.every_n_train_steps": 1000, "checkpoint.save_top_k": 0,
              "checkpoint.save_on_ctrl_c": True}
         )  # fmt: skip
+        parser.add_lightning_class_args(HangWatchdog, "hang_watchdog")  # a signal ends a run hung in a collective
         parser.add_lightning_class_args(LearningRateMonitor, "lr_monitor")
         parser.set_defaults({"lr_monitor.logging_interval": "step"})
         # the data module's declared run facts (docs/method.md, section 9): every one to the model, which
@@ -376,6 +380,9 @@ class BHyTCLI(LightningCLI):
                 )
                 return
         self.failure_report.trainer = self.trainer
+        for callback in self.trainer.callbacks:
+            if isinstance(callback, HangWatchdog):  # its line names the command that resumes
+                callback.failure_report = self.failure_report
         with self.failure_report.watching_launched_processes():
             super()._run_subcommand(subcommand)
 
@@ -434,37 +441,40 @@ def _check_yaml_files(argv: list[str]) -> None:
             raise UsageError(f"YAML syntax error in {str(path)!r}: {err}") from None
 
 
-def _disk_full(err: BaseException) -> OSError | None:
-    """The ``No space left on device`` error in an exception's chain (torch wraps it in its own errors)."""
-    for exc in exception_chain(err):
-        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-            return exc
-    return None
+def _disk_full_message(full: OSError, save: CheckpointSaveError | None) -> str:
+    """``No space left on device`` (or ``Disk quota exceeded``), what was being written, the free space (when the
+    save failed, for a ``DiskFull``; else now) and about how much a checkpoint needs, and what to do."""
+    reason = full.strerror or os.strerror(full.errno or 0)
+    target = save.target if save is not None else full.filename
+    path = Path(target) if target else None
+    if isinstance(full, DiskFull) and full.free is not None:
+        sizes = [f"{human_size(full.free)} was free when the save failed"]
+    elif path is not None and (free := free_bytes(path.parent)) is not None:
+        sizes = [f"{human_size(free)} is free in {path.parent}"]
+    else:
+        sizes = []
+    if getattr(full, "needed", None) is not None:
+        sizes.append(f"a checkpoint needs about {human_size(full.needed)}")
+    room = f" ({'; '.join(sizes)})" if sizes else ""
+    fix = "Free space, or write the run elsewhere with --runs_dir"
+    if save is not None:
+        return f"{reason} while saving {save.target} at step {save.step}{room}. {fix}; {save.kept}"
+    if path is None:
+        return f"{reason}. {fix}"
+    if path.exists():
+        kept = f"; the previous {path.name} is intact (checkpoints are written atomically)"
+    else:
+        kept = f"; no {path.name} was written"
+    return f"{reason} while writing {path}{room}. {fix}{kept}"
 
 
 def user_error_message(err: BaseException) -> str | None:
     """The short message the command line prints for an error the user fixes, None for any other
     (which keeps its traceback)."""
-    full = _disk_full(err)
-    save = next((exc for exc in exception_chain(err) if isinstance(exc, CheckpointSaveError)), None)
-    if full is not None and save is not None:
-        return (
-            f"no space left on device while saving {save.target} at step {save.step}: {full.strerror or full}. "
-            f"Free space, or write the run elsewhere with --runs_dir; {save.kept}"
-        )
+    full = disk_full_in(err)
     if full is not None:
-        where = f" while writing {full.filename}" if full.filename else ""
-        target = Path(full.filename) if full.filename else None
-        if target is not None and target.exists():
-            kept = f"; the previous {target.name} is intact (checkpoints are written atomically)"
-        elif target is not None:
-            kept = f"; no {target.name} was written"
-        else:
-            kept = ""
-        return (
-            f"no space left on device{where}: {full.strerror or full}. Free space, or write the run elsewhere "
-            f"with --runs_dir{kept}"
-        )
+        save = next((exc for exc in exception_chain(err) if isinstance(exc, CheckpointSaveError)), None)
+        return _disk_full_message(full, save)
     if isinstance(err, (UsageError, FileNotFoundError, PermissionError)):
         return str(err)
     return None
@@ -509,8 +519,9 @@ def main(
         report.console_ready()  # the error starts a line of its own, not the end of the progress bar's
         message = user_error_message(err)
         if message is not None:
-            if not (getattr(err, "every_rank", False) and rank_zero_only.rank != 0):
-                print(f"error: {message}", file=sys.stderr)
+            agreed = any(isinstance(exc, (AgreedUsageError, CheckpointSaveError)) for exc in exception_chain(err))
+            if not agreed or rank_zero_only.rank == 0:  # every rank raised an agreed one: it is printed once
+                report.print_line(message)  # on stderr and at the end of train.log
             raise SystemExit(2) from None
         report.report_and_exit(err)  # a dead peer, a failed save: one line; else the traceback and train.log
         raise

@@ -7,6 +7,8 @@ console, instead of a wall of tracebacks.
   1..N-1 on its node) sees one of them end: it would log a line of its own and kill rank 0 with SIGKILL, so
   while the command line trains, ``FailureReport.watching_launched_processes`` has it report and exit 1 instead.
 - A checkpoint save failed (``CheckpointSaveError``, raised on every rank after the same save): rank 0 says so.
+- A signal could not stop a run hung in a collective: ``bhyt_pl.watchdog.HangWatchdog`` ends it from its own
+  thread (``end_process``).
 
 Each line names what is known, the step of the last complete checkpoint and the command that resumes, and
 points to the run's ``train.log`` (``RunLogFile``), which holds the traceback.
@@ -26,13 +28,14 @@ import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn
 
 import lightning as L
 
 from bhyt_pl.callbacks.checkpointing import CheckpointSaveError
 from bhyt_pl.callbacks.run_log import RunLogFile
 from bhyt_pl.checkpoint_io import complete_checkpoints
+from bhyt_pl.errors import exception_chain
 
 __all__ = ["FailureReport", "Report", "exception_chain", "peer_failure", "resume_command"]
 
@@ -52,22 +55,6 @@ class Report(NamedTuple):
     exit_code: int
     every_rank: bool
     """Print on every rank (a peer stopped: any rank may be the survivor) or on rank 0 only."""
-
-
-def exception_chain(err: BaseException) -> Iterator[BaseException]:
-    """``err``, its causes and contexts, and the per-rank failures inside torch's ``CheckpointException``."""
-    seen: set[int] = set()
-    todo = [err]
-    while todo:
-        exc = todo.pop()
-        if exc is None or id(exc) in seen:
-            continue
-        seen.add(id(exc))
-        yield exc
-        todo += [exc.__cause__, exc.__context__]
-        failures = getattr(exc, "failures", None)
-        if isinstance(failures, dict):
-            todo += [f[0] if isinstance(f, tuple) else f for f in failures.values() if f is not None]
 
 
 def peer_failure(err: BaseException) -> str | None:
@@ -125,12 +112,18 @@ def _ended(returncode: int) -> str:
 
 
 class FailureReport:
-    """The one-line reports of a command-line run (module docstring); the CLI gives it the trainer once built."""
+    """The one-line reports of a command-line run (module docstring); the CLI gives it the trainer once built.
 
-    def __init__(self, argv: list[str]) -> None:
-        self.argv = list(argv)
+    ``argv`` is the command line's (``python -m bhyt_pl <argv>``), None for a run of your own ``Trainer`` (its
+    lines then name the checkpoint to resume from instead of a command)."""
+
+    def __init__(self, argv: list[str] | None) -> None:
+        self.argv = None if argv is None else list(argv)
         self.trainer: L.Trainer | None = None
         self._lock = threading.Lock()
+        self._exit_lock = threading.Lock()
+        """Held by the thread that ends the process: a report from another thread then waits instead of exiting
+        with its own status (``end_process``)."""
         self._printed = False
         self._stopping_since: float | None = None
 
@@ -165,19 +158,24 @@ class FailureReport:
         raise SystemExit(1) from None
 
     def peer_line(self, detail: str) -> str:
+        return f"a peer process stopped: {detail}; {self.resume_hint()}{self._log_hint()}"
+
+    def resume_hint(self) -> str:
+        """Where a stopped run goes on from: the last complete checkpoint and the command that resumes from it
+        (the command that starts again when none was saved)."""
         last = self.last_complete()
         if last is None:
-            then = f"no checkpoint was saved yet: start again with the same launcher and: {shlex.join(self._command())}"
-        else:
-            step = "" if last[1] is None else f"step {last[1]} "
-            then = (
-                f"the last complete checkpoint is {step}({last[0]}); resume with the same launcher and: "
-                f"{resume_command(self.argv)}"
-            )
-        return f"a peer process stopped: {detail}; {then}{self._log_hint()}"
-
-    def _command(self) -> list[str]:
-        return ["python", "-m", "bhyt_pl", *self.argv]
+            if self.argv is None:
+                return "no checkpoint was saved yet"
+            command = shlex.join(["python", "-m", "bhyt_pl", *self.argv])
+            return f"no checkpoint was saved yet: start again with the same launcher and: {command}"
+        step = "" if last[1] is None else f"step {last[1]} "
+        if self.argv is None:
+            return f"the last complete checkpoint is {step}({last[0]}); resume from it with Trainer.fit(ckpt_path=...)"
+        return (
+            f"the last complete checkpoint is {step}({last[0]}); resume with the same launcher and: "
+            f"{resume_command(self.argv)}"
+        )
 
     def last_complete(self) -> tuple[Path, int | None] | None:
         """The newest complete checkpoint of this run (None when none was saved, or before the trainer exists)."""
@@ -210,11 +208,34 @@ class FailureReport:
             sys.stderr.flush()
             path = self.log_file()
             if path is not None:
-                with open(path, "a", encoding="utf-8") as f:
-                    f.write(f"error: {line}\n")
+                try:
+                    with open(path, "a", encoding="utf-8") as f:
+                        f.write(f"error: {line}\n")
+                except OSError:  # the console has it; the log's disk may be the full one
+                    pass
 
-    def exit_now(self, code: int) -> None:
-        """End the process at once with ``code``, after flushing the console and the log files."""
+    def exit_now(self, code: int) -> NoReturn:
+        """End the process at once with ``code``, after flushing the console and the log files. When another
+        thread is already ending the process (``end_process``), wait for it: its status stands."""
+        self._exit_lock.acquire()
+        self._exit(code)
+
+    def end_process(self, line: str, code: int, before_exit: Callable[[], None] = lambda: None) -> NoReturn:
+        """From any thread: print ``line`` (``print_line``), run ``before_exit`` (killing the processes this one
+        launched) and end the process with ``code``. Reports that other threads start meanwhile (a peer's death
+        seen by Lightning's process watcher, the main thread's own exception) wait rather than exit first."""
+        self._exit_lock.acquire()
+        self.print_line(line)
+        # the line stays last: the main thread, woken by ``before_exit`` (its collective fails once the peers are
+        # killed), would otherwise print on (Lightning's signal handler logs "Received SIGTERM") until ``_exit``
+        sys.stdout.flush()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for console in (1, 2):  # the process's own stdout and stderr, whatever sys.stdout has become
+            os.dup2(devnull, console)
+        before_exit()
+        self._exit(code)
+
+    def _exit(self, code: int) -> NoReturn:
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()

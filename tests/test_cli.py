@@ -381,7 +381,8 @@ def test_a_full_disk_is_reported_plainly(tmp_path: Path, monkeypatch) -> None:
     assert user_error_message(RuntimeError("trainer failed")) is None  # other errors keep their traceback
     wrapped = RuntimeError("Trainer.fit failed")
     wrapped.__cause__ = err.value
-    assert user_error_message(wrapped).startswith(f"no space left on device while writing {target}")
+    assert user_error_message(wrapped).startswith(f"No space left on device while writing {target} (")
+    assert "was free when the save failed; a checkpoint needs about 40.0 KB). Free space" in user_error_message(wrapped)
     # the message about a previous checkpoint is true: it said "intact" when there was none
     assert "no last.ckpt was written" in user_error_message(wrapped) and "intact" not in user_error_message(wrapped)
     target.write_bytes(b"previous")
@@ -413,6 +414,21 @@ def test_too_little_free_space_fails_before_training_and_leaves_no_folder(tmp_pa
         and len(err.splitlines()) == 1
     ), err
     assert not list(tmp_path.rglob("version_*"))  # the folder the run claimed is removed
+
+
+def test_an_error_every_rank_raises_is_printed_by_rank_0_only(tmp_path: Path, monkeypatch, capsys) -> None:
+    """Under DDP the free-space refusal was printed twice, once by each rank (rank 0 broadcasts it)."""
+    import shutil
+    from collections import namedtuple
+
+    from lightning.pytorch.utilities import rank_zero_only
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 10**6, 10**6))  # 1 MB free
+    monkeypatch.setattr(rank_zero_only, "rank", 1)  # as the process of rank 1 sees it
+    args = ["fit", "--config", str(RECIPES / "tiny.yaml"), "--runs_dir", str(tmp_path), "--trainer.max_steps", "2",
+            "--data.init_args.seq_len", "16", "--trainer.enable_progress_bar", "false"]  # fmt: skip
+    assert _command_line(monkeypatch, capsys, *args) == ""  # exit status 2, silently
 
 
 def test_a_parse_error_is_not_buried_under_the_usage(capsys) -> None:
@@ -556,9 +572,11 @@ def test_a_full_disk_during_training_is_a_line_of_its_own(tmp_path: Path) -> Non
                            "--trainer.callbacks.step", "2")  # fmt: skip
     last = tmp_path / "runs" / "r" / "version_0" / "checkpoints" / "last.ckpt"
     lines = proc.stdout.rstrip("\n").split("\n")  # stdout and stderr as a terminal shows them
-    assert proc.returncode == 2 and lines[-1] == (
-        f"error: no space left on device while saving {last} at step 2: No space left on device. Free space, or "
-        f"write the run elsewhere with --runs_dir; the previous checkpoint {last} (step 1) is intact"
+    assert proc.returncode == 2 and lines[-1].startswith(
+        f"error: No space left on device while saving {last} at step 2 ("
+    ), proc.stdout[-3000:]
+    assert lines[-1].endswith(
+        f"). Free space, or write the run elsewhere with --runs_dir; the previous checkpoint {last} (step 1) is intact"
     ), proc.stdout[-3000:]
     assert "Step" in lines[-2] and "Traceback" not in proc.stdout  # the bar's line, ended
 

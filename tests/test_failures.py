@@ -151,3 +151,52 @@ def test_a_watcher_with_every_rank_finished_stops_watching(tmp_path: Path) -> No
     finished.wait()
     report = FailureReport(["fit"])
     assert report._poll(SimpleNamespace(_child_processes=[finished]), lambda observer: None) is True
+
+
+def test_a_run_of_your_own_names_the_checkpoint_to_resume_from(tmp_path: Path) -> None:
+    report = FailureReport(None)  # not the command line: no command to repeat
+    report.trainer = _trainer(tmp_path, step=5)
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    hint = f"the last complete checkpoint is step 5 ({last}); resume from it with Trainer.fit(ckpt_path=...)"
+    assert report.resume_hint() == hint
+    (tmp_path / "fresh").mkdir()
+    report.trainer = _trainer(tmp_path / "fresh", step=None)
+    assert report.resume_hint() == "no checkpoint was saved yet"
+
+
+def test_a_line_the_log_cannot_take_still_reaches_the_console(tmp_path: Path, monkeypatch, capsys) -> None:
+    """The log may sit on the disk that is full."""
+    import errno
+
+    from bhyt_pl import failures
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    report = FailureReport(["fit"])
+    report.trainer = _trainer(tmp_path, step=None)
+    monkeypatch.setattr(failures, "open", full_disk, raising=False)  # the module's own name for the built-in
+    report.print_line("the disk is full")
+    assert capsys.readouterr().err == "error: the disk is full\n"
+
+
+def test_the_thread_that_ends_the_process_prints_last_and_its_status_stands() -> None:
+    """The hang watchdog ends the process from its own thread while the main thread, woken by the killed peers,
+    prints and reports on its own: its output after the line is dropped, and its exit waits."""
+    script = (
+        "import sys, threading\n"
+        "from bhyt_pl.failures import FailureReport\n"
+        "report = FailureReport(['fit'])\n"
+        "inside, done = threading.Event(), threading.Event()\n"
+        "def kill_peers():\n"
+        "    inside.set()\n"
+        "    done.wait(60)\n"
+        "threading.Thread(target=report.end_process, args=('the run hung', 143, kill_peers)).start()\n"
+        "assert inside.wait(60)\n"
+        "sys.stderr.write('Received SIGTERM\\n')\n"
+        "sys.stderr.flush()\n"
+        "done.set()\n"
+        "report.exit_now(1)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stderr, proc.stdout) == (143, "error: the run hung\n", "")

@@ -33,6 +33,7 @@ LAYERS: list[tuple[str, ...]] = [
         "bhyt_pl.runs",
         "bhyt_pl.run_facts",
         "bhyt_pl.source_bundle",
+        "bhyt_pl.disk_full",
         "bhyt_pl.checkpoint_io",
         "bhyt_pl.distributed",
         "bhyt_pl.data",
@@ -44,7 +45,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("bhyt_pl.parallelize", "bhyt_pl.checkpoint", "bhyt_pl.hf_modeling"),
     ("bhyt_pl.callbacks", "bhyt_pl.convert"),
     ("bhyt_pl.module", "bhyt_pl.eval"),
-    ("bhyt_pl.failures",),  # how the command line reports a failed run
+    ("bhyt_pl.failures", "bhyt_pl.watchdog"),  # how the command line reports a failed run; a hung one ends
     ("bhyt_pl.compare",),
     ("bhyt_pl.study",),
     ("bhyt_pl.bench",),  # measures everything below it, a study run included (bench --parts study_run)

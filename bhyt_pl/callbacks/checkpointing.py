@@ -65,7 +65,8 @@ from bhyt_pl.checkpoint_io import (
     saves_sharded,
     temporary_path,
 )
-from bhyt_pl.errors import UsageError
+from bhyt_pl.disk_full import save_disk_full
+from bhyt_pl.errors import AgreedUsageError
 from bhyt_pl.runs import RunLogger
 
 __all__ = [
@@ -235,7 +236,7 @@ class RunCheckpoint(ModelCheckpoint):
             problem = self._check_writable(str(self.dirpath)) if trainer.is_global_zero else None
             problem = trainer.strategy.broadcast(problem)
             if problem:
-                raise UsageError(problem)
+                raise AgreedUsageError(problem)
             if trainer.is_global_zero and "://" not in str(self.dirpath):
                 self._remove_leftovers(trainer)
 
@@ -295,7 +296,7 @@ class RunCheckpoint(ModelCheckpoint):
                 )
         problem = trainer.strategy.broadcast(problem)
         if problem:
-            raise UsageError(problem)
+            raise AgreedUsageError(problem)
 
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -393,6 +394,9 @@ class RunCheckpoint(ModelCheckpoint):
         failures: list[BaseException] = []
         with _failures_recorded(trainer.strategy, failures):
             trainer.save_checkpoint(write_to, self.save_weights_only)  # every rank has written when it returns
+        if failures:  # a full disk named as such, before a sharded save's partial folder goes (``save_disk_full``)
+            size = checkpoint_bytes(trainer.lightning_module)
+            failures = [save_disk_full(err, target, write_to, size) or err for err in failures]
         failed = _failed_ranks(trainer, failures)
         if sharded and not failed:
             if trainer.is_global_zero:

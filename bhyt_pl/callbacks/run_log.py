@@ -29,6 +29,15 @@ __all__ = ["RunLogFile"]
 _FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
+class _CopyFileHandler(logging.FileHandler):
+    """The file half of ``_FileCopy``. A record it cannot write (a full disk) is dropped silently: the console has
+    it, and logging's default would print a ``--- Logging error ---`` traceback there for every record."""
+
+    @override
+    def handleError(self, record: logging.LogRecord) -> None:
+        pass
+
+
 class _FileCopy(logging.Handler):
     """Writes every record it sees once to the run's file, holding them until the file is known."""
 
@@ -39,7 +48,7 @@ class _FileCopy(logging.Handler):
         self._file: logging.FileHandler | None = None
 
     def open(self, path: Path) -> None:
-        self._file = logging.FileHandler(path, mode="a", encoding="utf-8")
+        self._file = _CopyFileHandler(path, mode="a", encoding="utf-8")
         self._file.setFormatter(self.formatter)
         for record in self._held:
             self._file.emit(record)
@@ -47,8 +56,11 @@ class _FileCopy(logging.Handler):
 
     def write_text(self, text: str) -> None:
         if self._file is not None:
-            self._file.stream.write(text if text.endswith("\n") else text + "\n")
-            self._file.flush()
+            try:
+                self._file.stream.write(text if text.endswith("\n") else text + "\n")
+                self._file.flush()
+            except OSError:  # a full disk: the console still shows it, and the exception being reported goes on
+                pass
 
     @override
     def emit(self, record: logging.LogRecord) -> None:
@@ -63,7 +75,10 @@ class _FileCopy(logging.Handler):
     @override
     def close(self) -> None:
         if self._file is not None:
-            self._file.close()
+            try:
+                self._file.close()
+            except OSError:  # what it held could not be written (a full disk)
+                pass
             self._file = None
         super().close()
 

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 from lightning.pytorch import Trainer
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Subset, get_worker_info
 
-from bhyt_pl.errors import UsageError
+from bhyt_pl.errors import AgreedUsageError
 
 __all__ = ["STAGE_LIMITS", "EvalSet", "SharedStream", "eval_set", "eval_stages"]
 
@@ -82,9 +82,7 @@ class EvalSet:
         none: ``what`` names the split and its count (``C4 split 'validation' has 1 window of 257 tokens``),
         ``fix`` how to get more."""
         if self.size != 0 and available < self.world_size:
-            raise UsageError(
-                f"{what} for {self.world_size} ranks; every rank needs at least one: {fix}", every_rank=True
-            )
+            raise AgreedUsageError(f"{what} for {self.world_size} ranks; every rank needs at least one: {fix}")
 
 
 def eval_set(trainer: Trainer | None, stage: str, batch_size: int) -> EvalSet:
@@ -94,7 +92,7 @@ def eval_set(trainer: Trainer | None, stage: str, batch_size: int) -> EvalSet:
     device, one rank.
 
     Raises:
-        UsageError: an int limit times ``batch_size`` leaves a rank without an item.
+        AgreedUsageError: an int limit times ``batch_size`` leaves a rank without an item.
     """
     if trainer is None:
         return EvalSet()
@@ -108,11 +106,10 @@ def eval_set(trainer: Trainer | None, stage: str, batch_size: int) -> EvalSet:
         return EvalSet(rank, world, None)
     size = limit * batch_size // world * world
     if size == 0:
-        raise UsageError(
+        raise AgreedUsageError(
             f"trainer.{name}={limit} x batch_size={batch_size} gives {limit * batch_size} {stage} item(s) for "
             f"{world} ranks; every rank needs at least one: set --trainer.{name} to at least "
             f"{math.ceil(world / batch_size)}",
-            every_rank=True,
         )
     return EvalSet(rank, world, size)
 

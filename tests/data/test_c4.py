@@ -15,7 +15,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader
 
 from bhyt_pl.data import C4DataModule, PackedWindows, ResumableLoader, load_tokenizer, read_documents
-from bhyt_pl.errors import UsageError
+from bhyt_pl.errors import AgreedUsageError, UsageError
 
 from .conftest import c4_row, word_docs, write_shard
 
@@ -129,7 +129,7 @@ def test_a_validation_split_with_fewer_windows_than_ranks_fails_at_setup(tmp_pat
     assert str(err.value).startswith(
         "C4 split 'validation' has 1 window of 17 tokens for 2 ranks; every rank needs at least one: give it more "
     )
-    assert "\n" not in str(err.value) and err.value.every_rank
+    assert "\n" not in str(err.value) and isinstance(err.value, AgreedUsageError)
     dm.trainer = _rank_trainer(0, 2, 0)  # no validation: nothing to require
     dm.setup("fit")
     dm.trainer = _rank_trainer(0, 1, 8)  # one rank: one window is enough

@@ -10,7 +10,7 @@ from lightning.pytorch import Trainer
 from torch.utils.data import DataLoader, DistributedSampler
 
 from bhyt_pl.data.eval_set import EvalSet, SharedStream, eval_set, eval_stages
-from bhyt_pl.errors import UsageError
+from bhyt_pl.errors import AgreedUsageError, UsageError
 
 ITEMS = list("abcdefghij")  # 10 items in split order
 
@@ -95,7 +95,7 @@ def test_a_limit_too_small_for_the_ranks_is_one_line() -> None:
         "trainer.limit_val_batches=1 x batch_size=2 gives 2 validation item(s) for 4 ranks; every rank needs at "
         "least one: set --trainer.limit_val_batches to at least 2"
     )
-    assert err.value.every_rank
+    assert isinstance(err.value, AgreedUsageError)
 
 
 def test_require_names_the_split_and_the_ranks() -> None:

@@ -13,6 +13,8 @@ nothing of this is in the package.
 - ``rank1_write_fails``: rank 1's distributed-checkpoint writer raises ``OSError(EIO)``;
 - ``rank0_io_fails``: rank 0's ``CheckpointIO`` (DDP's single-file writer) raises ``OSError(EIO)``;
 - ``rank0_disk_full``: the same writer finds no space left on the device (``OSError(ENOSPC)``);
+- ``rank0_meta_pt_disk_full``: rank 0's ``meta.pt`` of a sharded save fills the disk: part of it is written, the
+  free space (``shutil.disk_usage``) drops to 100 KB and torch's zip writer fails as it does then, without errno;
 - ``rank1_dies``: rank 1 kills itself with SIGKILL at the start of the step, while rank 0 sleeps there for
   ``hold`` seconds outside any collective (so Lightning's process watcher, polling every 5 s, sees it first),
   or, with ``hold=0`` and ``watcher=False``, waits in the step's first collective (the survivor's collective
@@ -26,6 +28,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -42,6 +45,7 @@ POINTS = (
     "rank1_write_fails",
     "rank0_io_fails",
     "rank0_disk_full",
+    "rank0_meta_pt_disk_full",
     "rank1_dies",
 )
 
@@ -101,6 +105,19 @@ class KillAt(L.Callback):
                     self._kill_group()
 
             torch.save = patched_save
+        elif point == "rank0_meta_pt_disk_full" and rank == 0:
+            save = torch.save
+
+            def full_disk_save(obj, f, *args, **kwargs):
+                if isinstance(f, (str, os.PathLike)) and Path(f).name == "meta.pt" and self._now(trainer):
+                    self._strike()
+                    Path(f).write_bytes(b"PK\x03\x04 part of a zip")
+                    usage = shutil.disk_usage(Path(f).parent)
+                    shutil.disk_usage = lambda path: usage._replace(free=100_000)
+                    raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+                save(obj, f, *args, **kwargs)
+
+            torch.save = full_disk_save
         elif point == "between_renames" and rank == 0:
             rename = os.rename
 
