@@ -55,9 +55,9 @@ def write_yaml(path: Path, data: dict) -> str:
     return str(path)
 
 
-def records(out_dir: Path) -> dict[int, list[dict]]:
-    """rank -> the step records of that rank, in order."""
+def records(out_dir: Path, kind: str = "rank") -> dict[int, list[dict]]:
+    """rank -> the step records of that rank (``StepRecorder``), in order; ``kind="val"``: its validation records."""
     result = {}
-    for f in sorted(out_dir.glob("rank*.jsonl")):
-        result[int(f.stem[4:])] = [json.loads(line) for line in f.read_text().splitlines()]
+    for f in sorted(out_dir.glob(f"{kind}*.jsonl")):
+        result[int(f.stem[len(kind) :])] = [json.loads(line) for line in f.read_text().splitlines()]
     return result

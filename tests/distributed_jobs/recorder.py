@@ -1,6 +1,7 @@
 """A test-only callback for multi-process jobs: records, per rank and optimizer step, the loss, the
 learning rate and a hash of every training window, as JSON lines flushed at once (so a SIGKILL loses
-nothing already recorded); optionally kills its own process to simulate a hard stop."""
+nothing already recorded), and the ``val/loss`` of every validation pass of the fit (``val<rank>.jsonl``);
+optionally kills its own process to simulate a hard stop."""
 
 from __future__ import annotations
 
@@ -18,9 +19,9 @@ class StepRecorder(L.Callback):
     def __init__(self, out_dir: str, kill_at_step: int | None = None, probe_logits: bool = False) -> None:
         self.out_dir, self.kill_at_step, self.probe_logits = Path(out_dir), kill_at_step, probe_logits
 
-    def _write(self, trainer: L.Trainer, record: dict) -> None:
+    def _write(self, trainer: L.Trainer, record: dict, kind: str = "rank") -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.out_dir / f"rank{trainer.global_rank}.jsonl", "a") as f:
+        with open(self.out_dir / f"{kind}{trainer.global_rank}.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
             f.flush()
 
@@ -43,6 +44,12 @@ class StepRecorder(L.Callback):
                 "world_size": trainer.world_size,
             },
         )
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if trainer.sanity_checking or trainer.state.fn != "fit" or "val/loss" not in trainer.callback_metrics:
+            return
+        loss = float(trainer.callback_metrics["val/loss"])  # synced over the ranks (a torchmetrics mean)
+        self._write(trainer, {"step": trainer.global_step, "val_loss": loss}, "val")
 
     def on_train_end(self, trainer, pl_module) -> None:
         if not self.probe_logits:
