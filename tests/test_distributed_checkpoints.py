@@ -6,10 +6,11 @@
   the death of rank 1 between two saves, then at seeded random points after a save (between a save and its
   validation, during the validation; once mid-run, once after the final save); every time it resumes
   (``--ckpt_path last``) from a complete checkpoint, once from a folder without the completion marker (as
-  written before it existed), and it ends with the training and validation losses of an uninterrupted run, bit
-  for bit. A resume after the final save trains nothing and says the run is complete. Every kill is struck by
-  the job itself at its step and hook (``distributed_jobs.kill_points``), never at a time, so the matrix is the
-  same on a fast idle machine and on a slow loaded one.
+  written before it existed), and it ends with the training losses of an uninterrupted run, and the validation
+  losses of every validation it completed, bit for bit. A resume after the final save trains nothing and says
+  the run is complete. Every kill is struck by the job itself at its step and hook
+  (``distributed_jobs.kill_points``), never at a time, so the matrix is the same on a fast idle machine and on a
+  slow loaded one.
 - Under DDP, a failing single-file writer on rank 0 stops every rank with one line, and the death of rank 1
   while rank 0 waits in a collective leaves one line of ours last on the survivor's stderr.
 """
