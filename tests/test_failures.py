@@ -118,7 +118,9 @@ def test_lightnings_watcher_reports_a_killed_rank_in_one_line_and_exits_1(tmp_pa
         raise _Exited
 
     monkeypatch.setattr(report, "exit_now", exit_now)
-    dead, alive = _dead_child(), subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    # ``alive`` runs until it is killed (or this process ends: its stdin closes), whatever the machine's speed
+    alive = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    dead = _dead_child()
     observer = SimpleNamespace(_child_processes=[alive, dead])
     original = []
     with pytest.raises(_Exited):

@@ -1,26 +1,37 @@
-"""Test-only callbacks that stop a multi-process run at a chosen point of a checkpoint save, for the kill matrix
-(tests/test_atomic_checkpoints.py). Each patches, in its own process, the function that ends at that point;
-nothing of this is in the package.
+"""Test-only callbacks that stop a multi-process run at a chosen point of its steps, saves and validations, for
+the kill matrix (tests/test_distributed_checkpoints.py). Each acts in its own process at a hook or inside the
+function that ends at that point (patched there), so the kill lands at the same place on a fast idle machine and
+on a slow loaded one; nothing of this is in the package.
 
-``KillAt(point, step)`` acts during the save (or the training step) of global step ``step``:
+``KillAt(point, step)`` acts at global step ``step``. The kills SIGKILL the whole process group (every rank of
+the run at once, as a node failure or ``kill -9`` of the job):
 
-- ``after_rank1_shard``: rank 1's distributed-checkpoint writer returned (its shard is on disk), then SIGKILL
-  to the whole process group (every rank of the run at once, as a node failure or ``kill -9`` of the job);
-- ``after_metadata``: rank 0 wrote ``.metadata`` (the writer's ``finish``), then SIGKILL to the group;
-- ``after_meta_pt``: rank 0 wrote Lightning's ``meta.pt``, then SIGKILL to the group;
-- ``between_renames``: rank 0 moved the previous ``last.ckpt`` aside (the first of the two renames), then
-  SIGKILL to the group;
+- inside the save of step ``step`` (the save stages, ``SAVE_STAGES``):
+
+  - ``after_rank1_shard``: rank 1's distributed-checkpoint writer returned (its shard is on disk);
+  - ``after_metadata``: rank 0 wrote ``.metadata`` (the writer's ``finish``);
+  - ``after_meta_pt``: rank 0 wrote Lightning's ``meta.pt``;
+  - ``between_renames``: rank 0 moved the previous ``last.ckpt`` aside (the first of the two renames);
+
+- after the save of step ``step`` is in place (the run resumes after ``step``):
+
+  - ``after_save``: the validation pass of step ``step`` starts (between the save and its validation);
+  - ``in_validation``: the first batch of that validation pass was evaluated on rank 0;
+  - ``in_teardown``: the fit's teardown (every step trained, the final save and validation done).
+
+Failures that stop the run by themselves:
+
 - ``rank1_write_fails``: rank 1's distributed-checkpoint writer raises ``OSError(EIO)``;
 - ``rank0_io_fails``: rank 0's ``CheckpointIO`` (DDP's single-file writer) raises ``OSError(EIO)``;
 - ``rank0_disk_full``: the same writer finds no space left on the device (``OSError(ENOSPC)``);
 - ``rank0_meta_pt_disk_full``: rank 0's ``meta.pt`` of a sharded save fills the disk: part of it is written, the
   free space (``shutil.disk_usage``) drops to 100 KB and torch's zip writer fails as it does then, without errno;
-- ``rank1_dies``: rank 1 kills itself with SIGKILL at the start of the step, while rank 0 sleeps there for
-  ``hold`` seconds outside any collective (so Lightning's process watcher, polling every 5 s, sees it first),
-  or, with ``hold=0`` and ``watcher=False``, waits in the step's first collective (the survivor's collective
-  fails);
+- ``rank1_dies``: rank 1 kills itself with SIGKILL at the start of the step, while rank 0 waits there outside
+  any collective until Lightning's process watcher (polling every 5 s) stops it, at most ``hold`` seconds (a
+  bound against a hang, not a timing); or, with ``hold=0`` and ``watcher=False``, rank 0 goes on into the
+  step's first collective (the survivor's collective fails).
 
-and writes ``<marker>`` (``{"time": ..., "pids": ...}``) just before it strikes, when ``marker`` is given.
+``<marker>``, when given, is written just before it strikes (``{"time": ..., "point": ...}``).
 """
 
 from __future__ import annotations
@@ -37,11 +48,11 @@ import lightning as L
 import torch
 from torch.distributed.checkpoint import FileSystemWriter
 
+SAVE_STAGES = ("after_rank1_shard", "after_metadata", "after_meta_pt", "between_renames")
+AFTER_SAVE = ("after_save", "in_validation", "in_teardown")
 POINTS = (
-    "after_rank1_shard",
-    "after_metadata",
-    "after_meta_pt",
-    "between_renames",
+    *SAVE_STAGES,
+    *AFTER_SAVE,
     "rank1_write_fails",
     "rank0_io_fails",
     "rank0_disk_full",
@@ -51,13 +62,17 @@ POINTS = (
 
 
 class KillAt(L.Callback):
-    def __init__(self, point: str, step: int, marker: str | None = None, hold: float = 8.0, watcher: bool = True):
+    def __init__(self, point: str, step: int, marker: str | None = None, hold: float = 300.0, watcher: bool = True):
         if point not in POINTS:
             raise ValueError(f"point must be one of {POINTS}, got {point!r}")
         self.point, self.step, self.marker, self.hold, self.watcher = point, step, marker, hold, watcher
 
     def _now(self, trainer: L.Trainer) -> bool:
         return trainer.global_step == self.step
+
+    def _validating_now(self, trainer: L.Trainer) -> bool:
+        """The validation pass of step ``step`` within the fit (not the sanity check before training)."""
+        return self._now(trainer) and trainer.state.fn == "fit" and not trainer.sanity_checking
 
     def _strike(self) -> None:
         if self.marker is not None:
@@ -149,7 +164,19 @@ class KillAt(L.Callback):
             self._strike()
             os.kill(os.getpid(), signal.SIGKILL)
         elif self.hold:
-            time.sleep(self.hold)
+            time.sleep(self.hold)  # the watcher ends this process when it sees rank 1 gone; ``hold`` bounds a hang
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.point == "after_save" and trainer.global_rank == 0 and self._validating_now(trainer):
+            self._kill_group()
+
+    def on_validation_batch_end(self, trainer: L.Trainer, *args) -> None:
+        if self.point == "in_validation" and trainer.global_rank == 0 and self._validating_now(trainer):
+            self._kill_group()
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self.point == "in_teardown" and stage == "fit" and trainer.global_rank == 0 and self._now(trainer):
+            self._kill_group()
 
 
 class RecordPid(L.Callback):

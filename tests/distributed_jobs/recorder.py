@@ -46,9 +46,10 @@ class StepRecorder(L.Callback):
         )
 
     def on_validation_end(self, trainer, pl_module) -> None:
-        if not trainer.sanity_checking:
-            record = {"step": trainer.global_step, "val_loss": float(trainer.callback_metrics["val/loss"])}
-            self._write(trainer, record, prefix="val_")
+        if trainer.sanity_checking or trainer.state.fn != "fit" or "val/loss" not in trainer.callback_metrics:
+            return
+        loss = float(trainer.callback_metrics["val/loss"])  # synced over the ranks (a torchmetrics mean)
+        self._write(trainer, {"step": trainer.global_step, "val_loss": loss}, prefix="val_")
 
     def on_train_end(self, trainer, pl_module) -> None:
         if not self.probe_logits:

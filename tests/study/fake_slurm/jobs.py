@@ -4,7 +4,9 @@
 ``spec.overrides`` steers them (all optional): ``dir`` (a folder for their traces), ``gate`` (a file to wait
 for before finishing), ``fail_tries`` / ``error_tries`` (the first N calls raise / return status ``error``),
 ``interrupt_tries`` (the first N calls end with ``KeyboardInterrupt``, as a run does on SIGINT, and the process
-prints a warning as it exits, the last line of its log), ``step_s`` (seconds per step of ``stepped_run``).
+prints a warning as it exits, the last line of its log), ``hold_at_step`` (``stepped_run``'s first start waits
+at the end of that step until preemption is requested, so that the test's signal finds it there on a fast idle
+machine as on a slow loaded one).
 """
 
 from __future__ import annotations
@@ -83,12 +85,15 @@ def stepped_run(spec: RunSpec) -> RunResult:
     fresh = {"step": 0, "loss": float(spec.seed), "starts": []}
     state = json.loads(progress.read_text()) if progress.exists() else fresh
     state["starts"].append(state["step"])
+    hold_at = spec.overrides.get("hold_at_step") if len(state["starts"]) == 1 else None
     for step in range(state["step"], spec.steps):
-        time.sleep(spec.overrides.get("step_s", 0.0))
         state["step"], state["loss"] = step + 1, state["loss"] + (step + 1) * spec.lr
         tmp = progress.with_suffix(".tmp")
         tmp.write_text(json.dumps(state))
         tmp.replace(progress)
+        deadline = time.monotonic() + 300  # a bound against a signal that never comes: the run then goes on
+        while step + 1 == hold_at and not preemption_requested() and time.monotonic() < deadline:
+            time.sleep(0.02)
         if preemption_requested():
             raise RunPreempted
     starts = {"starts": state["starts"]}
