@@ -452,7 +452,7 @@ class NormScheme:
             >>> build_norm_scheme("bhyt").bind(seq_len=256).seq_len
             256
             >>> build_norm_scheme("rmsnorm").bind(seq_len=256)
-            RMSNormScheme(eps=1e-05)
+            RMSNormScheme(eps=1e-05, impl='auto')
         """
         values = {k: facts[k] for k in self.run_facts if facts.get(k) is not None}
         if all(getattr(self, k) == v for k, v in values.items()):
