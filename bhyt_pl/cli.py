@@ -176,7 +176,7 @@ def _did_you_mean(message: str, parser: Any) -> str:
     if found is None:
         return ""
     options = set(parser._option_string_actions)
-    for sub in (parser._subcommands_action.choices.values() if parser._subcommands_action else ()):
+    for sub in parser._subcommands_action.choices.values() if parser._subcommands_action else ():
         options |= set(sub._option_string_actions)
     close = difflib.get_close_matches(found.group(1), sorted(options), n=1, cutoff=0.8)
     return f"; did you mean {close[0]}?" if close else ""
