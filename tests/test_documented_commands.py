@@ -512,7 +512,7 @@ RULES: list[tuple[str, Action]] = [
     (r"^bash \.ci/run$", Action("exempt", "CI: installs a clean clone, lints, runs this suite")),
     (r"^\.venv/bin/(tensorboard --logdir|mlflow ui) ", Action("exempt", "a web server that runs until stopped")),
     # training on the CPU
-    (QUICK_START, Action("run", f"{' '.join(SMALL)}", run_here(*SMALL))),
+    (QUICK_START, Action("run", " ".join(SMALL), run_here(*SMALL))),
     (TINY_BHYT, Action("run", " ".join(SMALL), run_here(*SMALL))),
     (r"--config recipes/tiny/ngpt\.yaml$", Action("run", " ".join(SMALL), run_here(*SMALL))),
     (r"--model\.norm_args '\{lambda_attn: 1\.0\}'$", Action("run", " ".join(SMALL), run_here(*SMALL))),
