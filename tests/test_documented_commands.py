@@ -774,7 +774,8 @@ def table() -> str:
     for command in COMMANDS:
         matches = [a for p, a in RULES if re.search(p, command.text)]
         kind, how = (matches[0].kind, matches[0].how) if len(matches) == 1 else ("unclassified", "")
-        rows.append(f"| {command.id} | `{command.text}` | {kind} | {how} |")
+        text = command.text.replace("|", "\\|")  # a pipe inside a cell ends it
+        rows.append(f"| {command.id} | `{text}` | {kind} | {how} |")
     return "\n".join(rows) + "\n"
 
 
