@@ -137,11 +137,13 @@ def resolved_model_config(config: LlamaConfig | Mapping[str, Any]) -> dict[str, 
     (an alias such as ``qk_norm: true`` becomes the mode it names) and ``norm_args`` with every argument
     of the norm scheme, defaults filled in (``NormScheme.hparams``). Two configs that build the same model
     resolve equal however they were spelled (a norm overlay listing its defaults, or none). Run facts are
-    compared as recorded: a config is bound before it is saved (``LlamaConfig.bind``)."""
+    compared as recorded: a config is bound before it is saved (``LlamaConfig.bind``); an unbound one as the
+    value the scheme falls back to (``NormScheme.fallback_run_facts``), which a model built unbound records."""
     if not isinstance(config, LlamaConfig):
         config = LlamaConfig(**config)
     resolved = config.to_dict()
-    resolved["norm_args"] = config.norm_scheme().hparams()
+    scheme = config.norm_scheme()
+    resolved["norm_args"] = {**scheme.hparams(), **scheme.fallback_run_facts()}
     return resolved
 
 

@@ -166,8 +166,24 @@ class _ShortErrorParser(LightningArgumentParser):
         parser = getattr(ex, "subcommand_parser", None) or self
         words = parser.prog.replace(" [options]", "").split()
         command = " ".join(["python -m bhyt_pl", *words[1:]])
-        sys.stderr.write(f"error: {_one_line(message)} (options: {command} --help)\n")
+        sys.stderr.write(f"error: {_one_line(message)}{_did_you_mean(message, parser)} (options: {command} --help)\n")
         raise SystemExit(2)
+
+
+def _did_you_mean(message: str, parser: Any) -> str:
+    """``; did you mean --trainer.max_steps?`` for an unrecognized option close to one the parser (or, for
+    ``fit`` and the other subcommands, their parser) takes; "" when none is close. Options are never abbreviated
+    (``allow_abbrev=False``), so a typo is an error rather than silently read as the option it starts."""
+    import difflib
+
+    found = re.search(r"unrecognized arguments: (--[^\s=]+)", message, re.IGNORECASE)
+    if found is None:
+        return ""
+    options = set(parser._option_string_actions)
+    for sub in parser._subcommands_action.choices.values() if parser._subcommands_action else ():
+        options |= set(sub._option_string_actions)
+    close = difflib.get_close_matches(found.group(1), sorted(options), n=1, cutoff=0.8)
+    return f"; did you mean {close[0]}?" if close else ""
 
 
 def _model_setting_sources(argv: list[str], keys: Any) -> dict[str, str]:
@@ -214,6 +230,9 @@ class BHyTCLI(LightningCLI):
 
     def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
         kwargs.setdefault("dump_header", [f"lightning.pytorch=={lightning.__version__}"])
+        # no prefix matching: `--trainer.max_step 10` is an unknown option, not `--trainer.max_steps 10` read silently
+        # (LightningCLI builds the main parser and each subcommand's through this method)
+        kwargs.setdefault("allow_abbrev", False)
         parser = _ShortErrorParser(**kwargs)
         parser.add_argument(
             "-c", "--config", action=ActionConfigFile, help="Path to a configuration file in json or yaml format."

@@ -12,12 +12,13 @@ A RUN is a run version folder (``runs/tiny-bhyt/version_0``, its TensorBoard eve
 
 Beside it (same name, ``.md``) a markdown table of each run's final values: last logged step, tokens, train and val
 loss, the last layer's value of each of those statistics, loss and gradient-norm spike counts; the table is printed
-too.
+too. Steps are optimizer steps, as ``max_steps`` counts them: a 40-step run's last is 40 in the table, the legends
+and the token counts alike.
 Runs are labelled by their norm and norm arguments (``hparams.yaml``). Runs of different lengths and runs
 still in progress (event files being written) are read as they are: each curve ends where its run is.
 
 Example:
-    python -m bhyt_pl compare runs/tiny-rmsnorm runs/tiny-bhyt --out docs/compare_tiny.png
+    python -m bhyt_pl compare runs/tiny-rmsnorm runs/tiny-bhyt --out compare.png
 """
 
 from __future__ import annotations
@@ -152,7 +153,11 @@ def load_event_run(path: str | Path) -> RunData:
 
     folder = _event_dir(Path(path))
     hparams_path = folder / "hparams.yaml"
-    hparams = yaml.safe_load(hparams_path.read_text()) or {} if hparams_path.is_file() else {}
+    hparams = {}
+    if hparams_path.is_file():  # read as Lightning writes it: a plain Trainer's LlamaLM has tuples (betas)
+        from lightning.pytorch.core.saving import load_hparams_from_yaml
+
+        hparams = load_hparams_from_yaml(hparams_path, use_omegaconf=False) or {}
     if "norm" in hparams:
         facts = {**(hparams.get("run_facts") or {}), "seq_len": hparams.get("seq_len")}  # as LlamaLM records them
         label = norm_label(hparams["norm"], hparams.get("norm_args"), facts)
@@ -167,8 +172,12 @@ def load_event_run(path: str | Path) -> RunData:
         return sorted(by_step.items())
 
     tags = set(events.Tags()["scalars"])
-    run.train_loss = series("train/loss") if "train/loss" in tags else []
-    run.val_loss = series("val/loss") if "val/loss" in tags else []
+    # one step count throughout, the optimizer step a value belongs to (``trainer.global_step`` after it, as
+    # max_steps, the progress bar and the checkpoints count): the callbacks log at it, but ``LightningModule.log``
+    # writes at the steps done *before* the batch, so a 40-step run's last loss, and the validation after its
+    # step 40, are logged at 39
+    run.train_loss = [(step + 1, value) for step, value in series("train/loss")] if "train/loss" in tags else []
+    run.val_loss = [(step + 1, value) for step, value in series("val/loss")] if "val/loss" in tags else []
     for stat in profiles():
         layers = sorted((split[1], tag) for tag in tags if (split := split_layer_key(tag)) and split[0] == stat)
         if not layers:

@@ -19,7 +19,7 @@ from bhyt_pl.model import Llama
 from bhyt_pl.norms import NormScheme
 from bhyt_pl.optim import cosine_with_warmup, parameter_groups
 from bhyt_pl.parallelize import load_full_state_dict, shard_model
-from bhyt_pl.run_config import build_run_config, data_run_facts, data_tokenizer, warn_if_unbound
+from bhyt_pl.run_config import build_run_config, data_run_facts, data_tokenizer, resolve_unbound
 from bhyt_pl.validation import raise_if_problems
 
 __all__ = ["LlamaLM"]
@@ -236,7 +236,12 @@ class LlamaLM(L.LightningModule):
         """
         if self.model is not None:
             return
-        warn_if_unbound(self.config)  # the model is built now: a fact still unknown takes the scheme's fallback
+        # the model is built now: a fact still unknown takes the scheme's fallback, with a warning naming it, and the
+        # config, hparams.yaml and checkpoints record that value (what the model is built with)
+        config = resolve_unbound(self.config)
+        if config is not self.config:
+            self.config = config
+            self.save_hyperparameters({**self.hparams, "norm_args": dict(config.norm_args)})
         mesh = self._data_parallel_mesh()
         if mesh is None:
             model = Llama(self.config)

@@ -20,7 +20,14 @@ from bhyt_pl.config import LlamaConfig
 from bhyt_pl.norms import NormScheme
 from bhyt_pl.run_facts import complete_run_facts, registered_run_facts
 
-__all__ = ["RunFactsSource", "build_run_config", "data_run_facts", "data_tokenizer", "warn_if_unbound"]
+__all__ = [
+    "RunFactsSource",
+    "build_run_config",
+    "data_run_facts",
+    "data_tokenizer",
+    "resolve_unbound",
+    "warn_if_unbound",
+]
 
 
 @runtime_checkable
@@ -123,9 +130,24 @@ def build_run_config(
     return config
 
 
+def resolve_unbound(config: LlamaConfig) -> LlamaConfig:
+    """The config a model is built from: ``config`` with each run fact still unbound set to the value its scheme
+    falls back to (``NormScheme.fallback_run_facts``: BHyT's T = 1024), after a warning naming them
+    (``warn_if_unbound``); ``config`` itself when every declared fact is bound. Whoever records the config
+    (``LlamaLM``: its hparams and checkpoints) then records what the model was built with.
+
+    Example:
+        >>> resolve_unbound(build_run_config("tiny", "bhyt", run_facts={"seq_len": 256})).norm_args
+        {'seq_len': 256}
+    """
+    warn_if_unbound(config)
+    fallbacks = config.norm_scheme().fallback_run_facts()
+    return config.bind(**fallbacks) if fallbacks else config
+
+
 def warn_if_unbound(config: LlamaConfig) -> None:
-    """Warn, naming them, about the run facts ``config``'s scheme declares but nobody bound (the scheme then
-    falls back to its documented default, e.g. BHyT's T = 1024)."""
+    """Warn, naming them and the values they fall back to, about the run facts ``config``'s scheme declares but
+    nobody bound (the scheme then uses its declared fallback, ``NormScheme.run_fact_fallbacks``: BHyT's T = 1024)."""
     unbound = config.norm_scheme().unbound_run_facts()
     unknown = [fact for fact in unbound if fact not in registered_run_facts()]
     if unknown:
@@ -134,8 +156,11 @@ def warn_if_unbound(config: LlamaConfig) -> None:
             f"them with bhyt_pl.run_facts.register_run_fact; registered run facts: {', '.join(registered_run_facts())}"
         )
     elif unbound:
+        fallbacks = config.norm_scheme().fallback_run_facts()
+        values = ", ".join(f"{fact}={fallbacks[fact]}" if fact in fallbacks else f"{fact} (its default)"
+                           for fact in unbound)  # fmt: skip
         rank_zero_warn(
             f"norm {config.norm!r} needs the run fact(s) {unbound} but the run gave none: train it with a data "
             f"module that declares them (run_facts()), or pass them (LlamaLM(run_facts={{{unbound[0]!r}: ...}})); "
-            "the scheme falls back to its default (docs/method.md, section 9)"
+            f"the scheme falls back to {values} (docs/method.md, section 9)"
         )

@@ -445,7 +445,8 @@ def test_a_parse_error_is_not_buried_under_the_usage(capsys) -> None:
         (["--trainer.max_steps", "-5"], "`max_steps` must be a non-negative integer or -1"),
         (["--data.init_args.batch_size", "0"],
          "error: invalid C4DataModule arguments: batch_size must be a positive int, got 0"),
-        (["--model.nrom", "bhyt"], "unrecognized arguments: --model.nrom bhyt (options: python -m bhyt_pl fit --help)"),
+        (["--model.nrom", "bhyt"],
+         "unrecognized arguments: --model.nrom bhyt; did you mean --model.norm? (options: python -m bhyt_pl fit "),
         (["--model.overrides", "{n_layers:1}"],
          "error: --model.overrides: Expected a <class 'dict'> (got {n_layers:1}) (options: python -m bhyt_pl"),
     ],
@@ -458,6 +459,30 @@ def test_bad_settings_are_one_error_line(args, expected, tmp_path: Path, monkeyp
                         *args)  # fmt: skip
     assert len(err.splitlines()) == 1 and err.startswith("error: ") and expected in err, err
     assert "__main__" not in err and not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("subcommand", ["fit", "validate", "test", "predict"])
+def test_an_abbreviated_option_is_an_error_naming_the_option(subcommand: str, tmp_path: Path, monkeypatch, capsys):
+    """``fit --trainer.max_step 10`` trained 10 steps: argparse's prefix matching read it as ``--trainer.max_steps``."""
+    base = [subcommand, "--config", str(RECIPES / "tiny.yaml"), "--runs_dir", str(tmp_path)]
+    err = _command_line(monkeypatch, capsys, *base, "--trainer.max_step", "10")
+    assert err == (
+        "error: unrecognized arguments: --trainer.max_step 10; did you mean --trainer.max_steps? "
+        f"(options: python -m bhyt_pl {subcommand} --help)\n"
+    )
+    err = _command_line(monkeypatch, capsys, *base, "--trainer.max_st=10", "--ckpt")
+    assert "unrecognized arguments: --trainer.max_st=10 --ckpt" in err and not any(tmp_path.iterdir())
+    with pytest.raises(SystemExit) as exit_:
+        main([*base, "--trainer.max_steps", "10", "--print_config"])
+    assert exit_.value.code in (0, None) and yaml.safe_load(capsys.readouterr().out)["trainer"]["max_steps"] == 10
+
+
+def test_an_abbreviated_option_is_an_error_without_a_subcommand_too(tmp_path: Path, capsys) -> None:
+    args = ["--config", str(RECIPES / "tiny.yaml"), "--runs_dir", str(tmp_path)]
+    with pytest.raises(SystemExit):
+        main([*args, "--trainer.max_step", "10"], run=False)
+    assert "did you mean --trainer.max_steps?" in capsys.readouterr().err
+    assert main([*args, "--trainer.max_steps", "10"], run=False).trainer.max_steps == 10
 
 
 def test_saved_configs_naming_the_old_checkpoint_io_module_still_load(tmp_path: Path) -> None:

@@ -17,9 +17,10 @@ from bhyt_pl.errors import UsageError
 
 
 def _write_run(folder: Path, norm: str, norm_args: dict, steps: int, *, val: bool, stability: bool, close: bool):
-    """A run version folder as bhyt_pl writes it: hparams.yaml, config.yaml and scalars. Loss at step s is
-    10 - s / 2; magnitude at layer l and step s is (l + 1) * s; the global batch is 2 devices x 4 x 16 tokens,
-    accumulated twice: 256 tokens a step."""
+    """A run version folder as bhyt_pl writes it: hparams.yaml, config.yaml and scalars. Loss at optimizer step s
+    is 10 - s / 2, written at s - 1 as ``LightningModule.log`` writes it; magnitude at layer l and step s is
+    (l + 1) * s, written at s as the callbacks write it (``trainer.global_step``); the global batch is 2 devices x
+    4 x 16 tokens, accumulated twice: 256 tokens a step."""
     folder.mkdir(parents=True)
     hparams = {"norm": norm, "norm_args": norm_args, "lr": 1e-3, "seq_len": 16}
     (folder / "hparams.yaml").write_text(yaml.safe_dump(hparams))
@@ -30,9 +31,9 @@ def _write_run(folder: Path, norm: str, norm_args: dict, steps: int, *, val: boo
     (folder / "config.yaml").write_text(yaml.safe_dump(config))
     writer = SummaryWriter(str(folder))
     for step in range(1, steps + 1):
-        writer.add_scalar("train/loss", 10 - step / 2, step)
+        writer.add_scalar("train/loss", 10 - step / 2, step - 1)
         if val and step % 4 == 0:
-            writer.add_scalar("val/loss", 11 - step / 2, step)
+            writer.add_scalar("val/loss", 11 - step / 2, step - 1)
         if step in (1, steps):
             for layer in range(3):
                 writer.add_scalar(f"depth/magnitude/layer_{layer:02d}", (layer + 1) * step, step)
@@ -84,6 +85,35 @@ def test_figure_draws_losses_against_tokens_and_the_last_profiles(two_runs: list
     assert "step 12" in magnitude[0].get_label()
     assert list(axes[4].lines[0].get_ydata()) == pytest.approx([1, 1 / 2, 1 / 3])
     assert not axes[5].lines and axes[5].texts  # no attention entropy logged: said, not drawn empty
+
+
+def test_steps_are_optimizer_steps_in_the_table_and_the_legend_alike(tmp_path: Path) -> None:
+    """A 40-step run's table said "last step 39" (Lightning writes ``self.log`` values at the steps done before
+    the batch) where its depth legend said "step 40" (callbacks log at ``trainer.global_step``); its tokens were
+    39 steps' worth. Here Lightning itself writes a 4-step run, validating every 2 steps."""
+    import lightning as L
+    from lightning.pytorch.loggers import TensorBoardLogger
+    from lm_fixtures import TINY_OVERRIDES, TokenDataModule
+
+    from bhyt_pl import LlamaLM
+    from bhyt_pl.callbacks import DepthStatsMonitor
+
+    logger = TensorBoardLogger(str(tmp_path), name="run", version=0)
+    trainer = L.Trainer(max_steps=4, val_check_interval=2, check_val_every_n_epoch=None, limit_val_batches=1,
+                        log_every_n_steps=1, logger=logger, callbacks=[DepthStatsMonitor(every_n_steps=2)],
+                        accelerator="cpu", enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False)  # fmt: skip
+    trainer.fit(LlamaLM(overrides=TINY_OVERRIDES), TokenDataModule(seq_len=16, batch_size=2))
+    assert trainer.global_step == 4
+    (config := tmp_path / "run" / "version_0" / "config.yaml").write_text(
+        yaml.safe_dump({"data": {"init_args": {"batch_size": 2, "seq_len": 16}}})
+    )  # what the CLI saves beside the events: 32 tokens a step
+    (run,) = load_runs([config.parent])
+    assert [s for s, _ in run.train_loss] == [1, 2, 3, 4] and [s for s, _ in run.val_loss] == [2, 4]
+    assert run.profiles["depth/magnitude"][0] == run.steps == 4 and run.tokens == 4 * 32
+    assert markdown_table([run]).splitlines()[2].startswith("| rmsnorm | 4 | 128 |")  # its hparams.yaml has tuples
+    magnitude = compare_figure([run]).axes[2].lines
+    assert magnitude[0].get_label() == "rmsnorm (step 4)"
 
 
 def test_command_writes_figure_and_table(two_runs: list[Path], tmp_path: Path, capsys) -> None:

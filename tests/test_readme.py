@@ -1,10 +1,12 @@
-"""Every ```python block of README.md runs, so the documentation cannot drift from the code.
+"""Every ```python block of README.md and docs/*.md runs, so the documentation cannot drift from the code.
 
-Each block runs as its own script in a fresh interpreter, in one working folder shared by the blocks, with one
-documented change: every ``max_steps=N`` becomes ``max_steps=2`` (``SHORTEN``), so training examples take seconds.
+Each block runs as its own script in a fresh interpreter, in one working folder shared by the blocks, with two
+documented changes (``SHORTEN``): every ``max_steps=N`` becomes ``max_steps=2``, so training examples take seconds,
+and every ``repeats=N`` becomes ``repeats=1``, so timing examples time once.
 The folder first gets what the README's examples read: ``runs/tiny-bhyt/version_0/checkpoints/last.ckpt``, the
 checkpoint of the README's ``fit --config recipes/tiny.yaml --model.norm bhyt`` (shortened the same way).
-A block added to the README later is run by this test without an edit here.
+A block added to the documents later is run by this test without an edit here; their shell commands are run or
+parsed by tests/test_documented_commands.py.
 """
 
 from __future__ import annotations
@@ -20,20 +22,32 @@ import pytest
 from bhyt_pl.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
-SHORTEN = (re.compile(r"\bmax_steps=\d+"), "max_steps=2")
-"""The one change made to a block before it runs: training examples stop after two optimizer steps."""
+SHORTEN = ((re.compile(r"\bmax_steps=\d+"), "max_steps=2"), (re.compile(r"\brepeats=\d+"), "repeats=1"))
+"""The changes made to a block before it runs: training examples stop after two optimizer steps, timing examples
+time each candidate once."""
 
 
 def readme_blocks() -> list[tuple[int, str]]:
     """``(line number, source)`` of every ```python block of README.md."""
-    text = (ROOT / "README.md").read_text()
-    return [(text.count("\n", 0, m.start()) + 1, m.group(1)) for m in BLOCK.finditer(text)]
+    return [(line, source) for path, line, source in python_blocks() if path == "README.md"]
+
+
+def python_blocks() -> list[tuple[str, int, str]]:
+    """``(document, line number, source)`` of every ```python block of README.md and docs/*.md."""
+    blocks = []
+    for path in DOCUMENTS:
+        text = path.read_text()
+        name = path.relative_to(ROOT).as_posix()
+        blocks += [(name, text.count("\n", 0, m.start()) + 1, m.group(1)) for m in BLOCK.finditer(text)]
+    return blocks
 
 
 def shortened(source: str) -> str:
-    pattern, replacement = SHORTEN
-    return pattern.sub(replacement, source)
+    for pattern, replacement in SHORTEN:
+        source = pattern.sub(replacement, source)
+    return source
 
 
 @pytest.fixture(scope="module")
@@ -52,17 +66,23 @@ def test_the_readme_has_python_blocks_and_the_shortening_reaches_every_training_
     blocks = readme_blocks()
     assert len(blocks) >= 5, "README.md lost its Python examples"
     assert shortened("L.Trainer(max_steps=30, x=1)") == "L.Trainer(max_steps=2, x=1)"
+    assert shortened("interleaved(fns, repeats=9, warmup=1)") == "interleaved(fns, repeats=1, warmup=1)"
+    assert any(path.startswith("docs/") for path, _, _ in python_blocks()), "docs/ lost its Python examples"
     trainers = [source for _, source in blocks if "Trainer(" in source]
     assert trainers and all("max_steps=" in source for source in trainers), "a Trainer the test cannot shorten"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("line", "source"), [pytest.param(*block, id=f"line{block[0]}") for block in readme_blocks()])
-def test_readme_python_block_runs(line: int, source: str, workdir: Path) -> None:
-    script = workdir / f"readme_line{line}.py"
+@pytest.mark.parametrize(
+    ("path", "line", "source"),
+    [pytest.param(*block, id=f"line{block[1]}" if block[0] == "README.md" else f"{block[0]}:{block[1]}")
+     for block in python_blocks()],
+)  # fmt: skip
+def test_readme_python_block_runs(path: str, line: int, source: str, workdir: Path) -> None:
+    script = workdir / f"{Path(path).stem}_line{line}.py"
     script.write_text(shortened(source))
     env = {**os.environ, "MPLBACKEND": "Agg"}  # offline Hugging Face, as the suite (conftest.py)
     proc = subprocess.run(
         [sys.executable, script.name], cwd=workdir, env=env, capture_output=True, text=True, timeout=900
     )
-    assert proc.returncode == 0, f"README.md line {line}:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    assert proc.returncode == 0, f"{path} line {line}:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"

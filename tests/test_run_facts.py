@@ -260,6 +260,39 @@ def test_unbound_bhyt_uses_the_documented_default_T() -> None:
     assert_model_uses_T(Llama(config), 48)
 
 
+def test_a_model_built_unbound_names_its_fallback_and_records_it(tmp_path: Path) -> None:
+    """The warning did not say which T the model fell back to, and ``hparams.yaml`` recorded ``norm_args`` without
+    it (``{}`` where the model was built with T = 1024)."""
+    import lightning as L
+    from lightning.pytorch.core.saving import load_hparams_from_yaml
+    from lm_fixtures import TokenDataModule
+
+    from bhyt_pl.checkpoint import read_checkpoint, resume_mismatches
+
+    assert UNBOUND_SEQ_LEN == 1024  # the paper's pretraining length, docs/method.md section 9
+    with pytest.warns(UserWarning, match=r"needs the run fact\(s\) \['seq_len'\].*falls back to seq_len=1024 \(docs"):
+        build_run_config("tiny", "bhyt")
+    model = LlamaLM(overrides=TINY_OVERRIDES, norm="bhyt", norm_args={"lambda_attn": 1.0})
+    trainer = L.Trainer(max_steps=1, accelerator="cpu", limit_val_batches=0, default_root_dir=tmp_path,
+                        enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+    with pytest.warns(UserWarning, match=r"falls back to seq_len=1024"):
+        trainer.fit(model, TokenDataModule(seq_len=32).train_dataloader())  # plain loaders: no run facts
+    assert_model_uses_T(model.model, UNBOUND_SEQ_LEN)
+    version = tmp_path / "lightning_logs" / "version_0"
+    assert load_hparams_from_yaml(version / "hparams.yaml")["norm_args"] == {"lambda_attn": 1.0, "seq_len": 1024}
+    (path,) = (version / "checkpoints").glob("*.ckpt")
+    saved = read_checkpoint(path)
+    assert saved["bhyt_pl"]["model_config"]["norm_args"] == {"lambda_attn": 1.0, "seq_len": 1024}
+    # the same run again, unbound until its model is built, resumes it; so does a checkpoint that never recorded T
+    again = LlamaLM(overrides=TINY_OVERRIDES, norm="bhyt", norm_args={"lambda_attn": 1.0})
+    assert resume_mismatches(again.config, again.hparams, saved) == []
+    del saved["bhyt_pl"]["model_config"]["norm_args"]["seq_len"]
+    assert resume_mismatches(again.config, again.hparams, saved) == []
+    bound = LlamaLM(overrides=TINY_OVERRIDES, norm="bhyt", norm_args={"lambda_attn": 1.0}, seq_len=32)
+    problems = resume_mismatches(bound.config, bound.hparams, saved)
+    assert "model.norm_args.seq_len: checkpoint 1024, this run 32" in problems
+
+
 def test_data_modules_declare_their_run_facts() -> None:
     from bhyt_pl.data import C4DataModule, LIMADataModule
 

@@ -76,6 +76,12 @@ def register_norm(name: str) -> Callable[[S], S]:
                 f"@register_norm({name!r}): run_facts {bad} must be constructor arguments that default to None "
                 "(unbound until a run binds them)"
             )
+        undeclared = sorted(set(cls.run_fact_fallbacks) - set(cls.run_facts))
+        if undeclared:
+            raise TypeError(
+                f"@register_norm({name!r}): run_fact_fallbacks {undeclared} are not among its run_facts "
+                f"{list(cls.run_facts)}"
+            )
         cls.name = name
         _REGISTRY[name] = cls
         return cls
@@ -369,6 +375,10 @@ class NormScheme:
     scripts) builds its config with ``bhyt_pl.run_config.build_run_config`` and passes every fact it knows
     about its run (the data module's ``run_facts()``: ``seq_len``, ``batch_size``); the scheme takes the ones it
     declares (docs/method.md, section 9). There is no central list of facts."""
+    run_fact_fallbacks: ClassVar[dict[str, Any]] = {}
+    """The value a declared run fact takes while no run has bound it (BHyT: ``seq_len`` 1024, the paper's
+    pretraining length): the warning about an unbound fact names it, and a model built unbound records it
+    (``LlamaLM`` binds it into its config, so ``hparams.yaml`` and checkpoints say what the model was built with)."""
 
     def block_norms(self, dim: int, layer_idx: int, n_layers: int) -> BlockNorms:
         """Build the norms of block ``layer_idx`` (0-based) of ``n_layers``, width ``dim``."""
@@ -442,7 +452,7 @@ class NormScheme:
             >>> build_norm_scheme("bhyt").bind(seq_len=256).seq_len
             256
             >>> build_norm_scheme("rmsnorm").bind(seq_len=256)
-            RMSNormScheme(eps=1e-05)
+            RMSNormScheme(eps=1e-05, impl='auto')
         """
         values = {k: facts[k] for k in self.run_facts if facts.get(k) is not None}
         if all(getattr(self, k) == v for k, v in values.items()):
@@ -452,6 +462,18 @@ class NormScheme:
     def unbound_run_facts(self) -> list[str]:
         """The declared run facts still ``None`` (the scheme then uses its documented fallback)."""
         return [k for k in self.run_facts if getattr(self, k) is None]
+
+    def fallback_run_facts(self) -> dict[str, Any]:
+        """The unbound run facts that have a declared fallback (``run_fact_fallbacks``), with the value the
+        scheme uses for each.
+
+        Example:
+            >>> build_norm_scheme("bhyt").fallback_run_facts()
+            {'seq_len': 1024}
+            >>> build_norm_scheme("bhyt", seq_len=256).fallback_run_facts()
+            {}
+        """
+        return {k: self.run_fact_fallbacks[k] for k in self.unbound_run_facts() if k in self.run_fact_fallbacks}
 
     @classmethod
     def export_source(cls) -> str | None:

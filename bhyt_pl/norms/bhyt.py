@@ -437,6 +437,7 @@ class BHyTScheme(_BHyTSchemeBase):
     approximate = True
     needs_constant_refresh = True
     run_facts = ("seq_len",)
+    run_fact_fallbacks = {"seq_len": UNBOUND_SEQ_LEN}
 
     def __init__(
         self,
@@ -463,7 +464,7 @@ class BHyTScheme(_BHyTSchemeBase):
         )
 
     def _seq_len(self) -> int:
-        return self.seq_len if self.seq_len is not None else UNBOUND_SEQ_LEN
+        return self.seq_len if self.seq_len is not None else self.run_fact_fallbacks["seq_len"]
 
     def approximates(self, layer_idx: int, n_layers: int) -> bool:
         exact = self.exact_layers

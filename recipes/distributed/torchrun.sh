@@ -7,10 +7,14 @@
 #       --config recipes/distributed/ddp-8gpu.yaml --config recipes/distributed/multinode.yaml
 # FSDP2 (ModelParallelStrategy) also needs --trainer.strategy.init_args.data_parallel_size NNODES x NPROC_PER_NODE.
 # Settings (environment): NNODES (4), NPROC_PER_NODE (8), NODE_RANK (required), HEAD_NODE (required),
-# HEAD_PORT (29500), PYTHON (python).
+# HEAD_PORT (29500), PYTHON (the quick start's .venv/bin/python where it exists, else python).
 set -euo pipefail
 
-: "${NNODES:=4}" "${NPROC_PER_NODE:=8}" "${HEAD_PORT:=29500}" "${PYTHON:=python}"
+: "${NNODES:=4}" "${NPROC_PER_NODE:=8}" "${HEAD_PORT:=29500}"
+if [ -z "${PYTHON:-}" ]; then
+  PYTHON=python
+  if [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; fi
+fi
 : "${NODE_RANK:?set NODE_RANK: 0 on the head node, 1 .. NNODES-1 on the others}"
 : "${HEAD_NODE:?set HEAD_NODE: the address of node 0, the same on every node}"
 
