@@ -48,7 +48,7 @@ from bhyt_pl.callbacks.checkpointing import CheckpointSaveError, RunCheckpoint, 
 from bhyt_pl.checkpoint_io import human_size
 from bhyt_pl.disk_full import DiskFull, disk_full_in, free_bytes
 from bhyt_pl.errors import AgreedUsageError, UsageError, exception_chain
-from bhyt_pl.failures import FailureReport
+from bhyt_pl.failures import FailureReport, python_command
 from bhyt_pl.module import GIVEN, LlamaLM
 from bhyt_pl.run_config import data_run_facts, data_tokenizer
 from bhyt_pl.runs import run_loggers
@@ -165,7 +165,7 @@ class _ShortErrorParser(LightningArgumentParser):
             return super().error(message, ex)
         parser = getattr(ex, "subcommand_parser", None) or self
         words = parser.prog.replace(" [options]", "").split()
-        command = " ".join(["python -m bhyt_pl", *words[1:]])
+        command = " ".join([python_command(), "-m bhyt_pl", *words[1:]])
         sys.stderr.write(f"error: {_one_line(message)}{_did_you_mean(message, parser)} (options: {command} --help)\n")
         raise SystemExit(2)
 

@@ -20,6 +20,7 @@ import logging
 import os
 import re
 import shlex
+import shutil
 import signal
 import sys
 import threading
@@ -37,7 +38,7 @@ from bhyt_pl.callbacks.run_log import RunLogFile
 from bhyt_pl.checkpoint_io import complete_checkpoints
 from bhyt_pl.errors import exception_chain
 
-__all__ = ["FailureReport", "Report", "exception_chain", "peer_failure", "resume_command"]
+__all__ = ["FailureReport", "Report", "exception_chain", "peer_failure", "python_command", "resume_command"]
 
 _GLOO_PEER = re.compile(r"Connection (?:closed|reset) by peer|Read error|Write error|Connection refused")
 _ADDRESS = re.compile(r"\[(?P<address>[^\]]+)\]:(?P<port>\d+)")
@@ -88,8 +89,20 @@ def peer_failure(err: BaseException) -> str | None:
     return None
 
 
+def python_command() -> str:
+    """How to call this interpreter from the working directory: ``.venv/bin/python`` for the quick start's
+    environment (a bare ``python`` there would be the system's, without torch), ``python`` when that is the one
+    on ``PATH``, else its absolute path."""
+    executable = os.path.abspath(sys.executable)
+    on_path = shutil.which("python")
+    if on_path is not None and os.path.abspath(on_path) == executable:
+        return "python"
+    relative = os.path.relpath(executable)
+    return executable if relative.startswith("..") else relative
+
+
 def resume_command(argv: list[str]) -> str:
-    """The command line that resumes ``python -m bhyt_pl <argv>`` from its last checkpoint."""
+    """The command line that resumes ``python -m bhyt_pl <argv>`` from its last checkpoint, with this interpreter."""
     args: list[str] = []
     skip = False
     for arg in argv:
@@ -99,7 +112,7 @@ def resume_command(argv: list[str]) -> str:
             skip = True
         elif not arg.startswith("--ckpt_path="):
             args.append(arg)
-    return shlex.join(["python", "-m", "bhyt_pl", *args, "--ckpt_path", "last"])
+    return shlex.join([python_command(), "-m", "bhyt_pl", *args, "--ckpt_path", "last"])
 
 
 def _ended(returncode: int) -> str:
@@ -167,7 +180,7 @@ class FailureReport:
         if last is None:
             if self.argv is None:
                 return "no checkpoint was saved yet"
-            command = shlex.join(["python", "-m", "bhyt_pl", *self.argv])
+            command = shlex.join([python_command(), "-m", "bhyt_pl", *self.argv])
             return f"no checkpoint was saved yet: start again with the same launcher and: {command}"
         step = "" if last[1] is None else f"step {last[1]} "
         if self.argv is None:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from bhyt_pl.callbacks.run_log import RunLogFile
-from bhyt_pl.failures import FailureReport, peer_failure, resume_command
+from bhyt_pl.failures import FailureReport, peer_failure, python_command, resume_command
 
 GLOO_CLOSED = (
     "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
@@ -56,12 +56,29 @@ def test_a_lost_peer_is_found_inside_chained_and_checkpoint_errors() -> None:
     assert peer_failure(wrapped).startswith("gloo lost its connection to 127.0.0.1:6047")
 
 
-def test_the_resume_command_repeats_the_arguments_with_ckpt_path_last() -> None:
+def test_the_resume_command_repeats_the_arguments_with_ckpt_path_last(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "executable", str(tmp_path / ".venv" / "bin" / "python"))
+    monkeypatch.setenv("PATH", "/nonexistent")
     argv = ["fit", "--config", "recipes/tiny.yaml", "--ckpt_path", "runs/x/last.ckpt", "--model.norm_args",
             "{lambda_attn: 1.0}", "--ckpt_path=other"]  # fmt: skip
     assert resume_command(argv) == (
-        "python -m bhyt_pl fit --config recipes/tiny.yaml --model.norm_args '{lambda_attn: 1.0}' --ckpt_path last"
+        ".venv/bin/python -m bhyt_pl fit --config recipes/tiny.yaml --model.norm_args '{lambda_attn: 1.0}' "
+        "--ckpt_path last"
     )
+
+
+def test_the_resume_command_names_the_interpreter_that_runs(tmp_path: Path, monkeypatch) -> None:
+    """A bare ``python`` after the quick start is the system's, without torch: the line names the one that ran."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text("")
+    (bin_dir / "python").chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    monkeypatch.setattr(sys, "executable", str(bin_dir / "python"))
+    assert python_command() == "python"  # the python on PATH
+    monkeypatch.setattr(sys, "executable", "/opt/elsewhere/bin/python3")
+    assert python_command() == "/opt/elsewhere/bin/python3"  # neither on PATH nor below the working directory
 
 
 def _trainer(tmp_path: Path, step: int | None, interrupted: bool = False) -> SimpleNamespace:
@@ -87,13 +104,14 @@ def test_the_peer_line_names_the_last_complete_checkpoint_the_command_and_the_lo
     (tmp_path / "checkpoints" / ".last.ckpt.step8.tmp").mkdir()  # an interrupted save is not complete
     assert report.peer_line("gloo lost its connection to 127.0.0.1:6047") == (
         f"a peer process stopped: gloo lost its connection to 127.0.0.1:6047; the last complete checkpoint is "
-        f"step 7 ({tmp_path / 'checkpoints' / 'last.ckpt'}); resume with the same launcher and: python -m bhyt_pl "
-        f"fit --config recipes/tiny.yaml --ckpt_path last; traceback in {tmp_path / 'train.log'}"
+        f"step 7 ({tmp_path / 'checkpoints' / 'last.ckpt'}); resume with the same launcher and: "
+        f"{python_command()} -m bhyt_pl fit --config recipes/tiny.yaml --ckpt_path last; "
+        f"traceback in {tmp_path / 'train.log'}"
     )
     (tmp_path / "fresh").mkdir()
     report.trainer = _trainer(tmp_path / "fresh", step=None)
-    assert "; no checkpoint was saved yet: start again with the same launcher and: python -m bhyt_pl fit --config " \
-           "recipes/tiny.yaml;" in report.peer_line("x")  # fmt: skip
+    assert f"; no checkpoint was saved yet: start again with the same launcher and: {python_command()} -m bhyt_pl " \
+           "fit --config recipes/tiny.yaml;" in report.peer_line("x")  # fmt: skip
 
 
 class _Exited(Exception):

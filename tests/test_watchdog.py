@@ -26,7 +26,7 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 
 from bhyt_pl.callbacks.run_log import RunLogFile
 from bhyt_pl.checkpoint_io import AtomicCheckpointIO
-from bhyt_pl.failures import FailureReport
+from bhyt_pl.failures import FailureReport, python_command
 from bhyt_pl.watchdog import HangWatchdog, Progress, describe_progress
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -110,7 +110,7 @@ def test_the_line_names_the_wait_the_killed_ranks_the_checkpoint_and_the_resume_
         f"collective with the peer processes did not return (a peer stopped or hangs); the main thread waits in "
         f"frame ({'/'.join(Path(__file__).parts[-3:])}:{frame.__code__.co_firstlineno + 1}); killed the ranks this "
         f"process launched: rank 1 (PID 4243), rank 2 (PID 4244); the last complete checkpoint is step 7 "
-        f"({checkpoints / 'last.ckpt'}); resume with the same launcher and: python -m bhyt_pl fit --config "
+        f"({checkpoints / 'last.ckpt'}); resume with the same launcher and: {python_command()} -m bhyt_pl fit --config "
         f"recipes/tiny.yaml --ckpt_path last; every thread's stack in {log.path}"
     )
     trainer.world_size = 1
@@ -337,7 +337,7 @@ def test_a_ddp_run_with_a_frozen_peer_ends_on_sigterm_and_on_ctrl_c(tmp_path: Pa
         r"had (started|ended) and a collective with the peer processes did not return \(a peer stopped or hangs\); "
         r"the main thread waits in \w+ \(.+:\d+\); killed the rank this process launched: rank 1 \(PID {pid}\); "
         r"the last complete checkpoint is step {saved} \({last}\); resume with the same launcher and: "
-        r"(?P<command>python -m bhyt_pl .+ --ckpt_path last); every thread's stack in {log}"
+        r"(?P<command>\S+ -m bhyt_pl .+ --ckpt_path last); every thread's stack in {log}"
     )
 
     code, lines, elapsed, launcher, peer = _hung_run(tmp_path, [sys.executable, "-m", "bhyt_pl", *argv],
@@ -351,7 +351,7 @@ def test_a_ddp_run_with_a_frozen_peer_ends_on_sigterm_and_on_ctrl_c(tmp_path: Pa
     assert "the stack of every thread" in log.read_text()
 
     resume = shlex.split(found.group("command"))  # the printed command resumes: from step 2, frozen at step 5
-    assert resume[:3] == ["python", "-m", "bhyt_pl"]
+    assert resume[1:3] == ["-m", "bhyt_pl"] and os.path.samefile(resume[0], sys.executable)
     code, lines, elapsed, launcher, peer = _hung_run(tmp_path, [sys.executable, *resume[1:]], signal.SIGINT)
     print(f"Ctrl-C: exit {code} after {elapsed:.1f} s; last line: {lines[-1]}")
     assert code == 130 and elapsed < 120, lines[-20:]
