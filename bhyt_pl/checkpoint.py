@@ -23,6 +23,7 @@ from bhyt_pl.errors import UsageError
 from bhyt_pl.model import Llama
 
 __all__ = [
+    "NORM_CONSTANTS",
     "RESUME_MAY_CHANGE",
     "RESUME_MUST_MATCH",
     "SCHEMA_VERSION",
@@ -35,6 +36,7 @@ __all__ = [
     "read_model_config",
     "resolved_model_config",
     "resume_mismatches",
+    "saved_norm_constants",
 ]
 
 RESUME_MUST_MATCH = ("seq_len", "tokenizer", "lr", "min_lr_ratio", "warmup_ratio", "warmup_steps", "weight_decay",
@@ -53,6 +55,22 @@ SCHEMA_VERSION = 2
 ``schema_version`` key): written before run facts were bound explicitly; a ``bhyt`` scheme saved
 without ``seq_len`` had T = 1024, which an unbound scheme still uses, so it reads unchanged. 2: adds
 ``schema_version``; ``LlamaConfig`` fields added since have defaults that rebuild older models."""
+
+
+NORM_CONSTANTS = "norm_constants"
+"""The checkpoint entry holding the weight-derived norm constants (BHyT's ``c``) in use at the saved step:
+``{module name: Llama.norm_constants()}`` for every ``Llama`` of the LightningModule (``model`` in ``LlamaLM``).
+``NormConstantRefresh`` writes it; between two of its scheduled refreshes these differ from the ones the saved
+weights give, and a resume or an evaluation puts them back."""
+
+
+def saved_norm_constants(checkpoint: Mapping[str, Any]) -> dict[str, dict[str, torch.Tensor]] | None:
+    """A checkpoint's ``NORM_CONSTANTS`` entry, or None: one written without a ``NormConstantRefresh`` (a scheme
+    without constants), weights only, or before the constants were saved."""
+    saved = checkpoint.get(NORM_CONSTANTS)
+    if not isinstance(saved, Mapping):
+        return None
+    return {name: dict(constants) for name, constants in saved.items()}
 
 
 def checkpoint_entry(config: LlamaConfig, tokenizer: str | None) -> dict[str, Any]:
@@ -194,6 +212,11 @@ def load_model(
 ) -> LoadedModel:
     """Rebuild the model saved in a ``LlamaLM`` checkpoint, in eval mode, whatever norm it uses.
 
+    Weight-derived norm constants (BHyT's ``c``) are the ones the model was using at the saved step when the
+    checkpoint carries them (``NormConstantRefresh`` stores them in every training checkpoint), so evaluating a
+    checkpoint gives what the training run's own validation gave at that step; an older checkpoint gets them
+    recomputed from its weights.
+
     Example:
         >>> loaded = load_model("runs/tiny/version_0/checkpoints/last.ckpt")  # doctest: +SKIP
         >>> loaded.model.generate(prompt_ids, max_new_tokens=20)  # doctest: +SKIP
@@ -206,6 +229,9 @@ def load_model(
     model.to_empty(device=map_location)
     state = {k.removeprefix("model."): v for k, v in checkpoint["state_dict"].items() if k.startswith("model.")}
     model.load_state_dict(state)  # the post-load hook recomputes BHyT's c from these weights
+    saved = saved_norm_constants(checkpoint) or {}
+    if "model" in saved:  # ``LlamaLM.model``: the values in use at the saved step
+        model.set_norm_constants(saved["model"])
     if dtype is not None:
         model.to(dtype)
     return LoadedModel(model.eval(), config, meta.get("tokenizer"), Path(path))

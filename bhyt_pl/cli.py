@@ -386,7 +386,11 @@ class BHyTCLI(LightningCLI):
     before_fit = before_validate = before_test = before_predict = _check_checkpoint_config
 
     def _run_subcommand(self, subcommand: str) -> None:
-        """Resuming a run that already reached ``max_steps`` trains nothing: say so in one line instead."""
+        """Resuming a run that already reached ``max_steps`` trains nothing: say so in one line instead.
+
+        Such a run is complete, its final validation included: ``RunCheckpoint`` saves a step that is followed by
+        a validation (the last step is, ``ValidateAtLastStep``) once that validation has ended, so a run stopped
+        before or during its final validation was saved at an earlier step and resumes from there."""
         meta = getattr(self, "_checkpoint_meta", None)
         max_steps = self.trainer.max_steps
         if subcommand == "fit" and meta is not None and max_steps is not None and max_steps >= 0:

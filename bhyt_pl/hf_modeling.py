@@ -10,7 +10,10 @@ without importing ``bhyt_pl``. The Hugging Face side is a thin shell:
 - ``BHyTLlamaForCausalLM`` wraps the ``Llama`` (weights under ``model.``), adapts transformers' KV
   cache to the model's cache interface, so ``generate`` decodes with a cache, and recomputes
   weight-derived norm constants (BHyT's ``c``) after ``from_pretrained`` (transformers loads weights
-  without ``load_state_dict``, so the model's post-load hook does not run).
+  without ``load_state_dict``, so the model's post-load hook does not run). An exported model is a finished
+  model: its ``c`` is the one its weights give, as a refresh at the exported step would set it, not the
+  value the training run was still using since its last scheduled refresh (which ``bhyt_pl.load_model``
+  restores from a training checkpoint).
 
 Inputs must be unpadded: an ``attention_mask`` with zeros (left-padded batched generation) is refused,
 since the model's attention takes no padding mask; right padding without a mask, as lm-eval's

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -295,8 +295,11 @@ class Block(nn.Module):
 class Llama(nn.Module):
     """The decoder. Build it from a config (``Llama(LlamaConfig.from_name("tiny", norm="bhyt"))``).
 
-    Weight-derived norm constants (BHyT's ``c``) are recomputed after ``reset_parameters`` and after
-    every ``load_state_dict`` (a post-load hook), so a saved value is never trusted.
+    Weight-derived norm constants (BHyT's ``c``) are outside the state dict: they are recomputed after
+    ``reset_parameters`` and after every ``load_state_dict`` (a post-load hook). A training checkpoint also
+    carries the values in use when it was saved (``norm_constants``; ``NormConstantRefresh`` stores them), which
+    differ from the recomputed ones between two scheduled refreshes: resuming a fit and ``load_model`` put them
+    back with ``set_norm_constants``, so the model computes exactly what it computed at that step.
     """
 
     def __init__(self, config: LlamaConfig) -> None:
@@ -356,6 +359,26 @@ class Llama(nn.Module):
         """Recompute cached, weight-derived norm constants (BHyT's ``c``) from the current weights."""
         for layer in self.layers:
             layer.refresh_norm_constants()
+
+    def norm_constants(self) -> dict[str, torch.Tensor]:
+        """The cached norm constants in use, as CPU copies named like buffers (``layers.3.norms.c``); empty for a
+        scheme without any. The same on every rank (they are plain buffers, and every rank refreshes together)."""
+        return {
+            f"layers.{i}.norms.{name}": value.detach().to("cpu", copy=True)
+            for i, layer in enumerate(self.layers)
+            for name, value in layer.norms.constants().items()
+        }
+
+    def set_norm_constants(self, constants: Mapping[str, torch.Tensor]) -> None:
+        """Put back the values ``norm_constants`` returned (a checkpoint's) instead of recomputing them from the
+        weights; the names must be exactly this model's."""
+        expected = self.norm_constants().keys()
+        if constants.keys() != expected:
+            missing, unexpected = sorted(expected - constants.keys()), sorted(constants.keys() - expected)
+            raise ValueError(f"norm constants do not match the model: missing {missing}, unexpected {unexpected}")
+        for i, layer in enumerate(self.layers):
+            prefix = f"layers.{i}.norms."
+            layer.norms.set_constants({k.removeprefix(prefix): v for k, v in constants.items() if k.startswith(prefix)})
 
     def rope(self, start_pos: int | torch.Tensor, length: int, device: torch.device, dtype: torch.dtype):
         positions = start_pos + torch.arange(length, device=device)  # a tensor start_pos keeps shapes static
@@ -522,7 +545,9 @@ def _sample(logits: torch.Tensor, temperature: float, top_k: int | None, generat
 
 
 def _refresh_after_load(module: nn.Module, incompatible_keys) -> None:
-    # a state dict never carries ``c`` (non-persistent); recompute it from the loaded weights, and put the
+    # a state dict never carries ``c`` (non-persistent); recompute it from the loaded weights (the value a
+    # refresh at the checkpoint's step gives; a training checkpoint's own values, when present, are put back
+    # after this by whoever reads them: ``NormConstantRefresh`` on resume, ``load_model``), and put the
     # loaded weights back on the scheme's constraint set (nGPT's unit norms), leaving weights that already
     # satisfy it exactly as loaded so that resuming is bit-identical
     module.constrain_weights(keep_satisfied=True)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from bhyt_pl.data.eval_set import eval_set
+from bhyt_pl.module import LlamaLM
 from bhyt_pl.run_facts import build_run_facts
 
 
@@ -87,3 +90,16 @@ class FailAt(L.Callback):
     def on_train_batch_end(self, trainer: L.Trainer, *args) -> None:
         if trainer.global_step == self.step:
             raise RuntimeError(f"a bug at step {self.step}")
+
+
+def bhyt_trained_between_refreshes(tmp_path: Path) -> tuple[LlamaLM, Path]:
+    """A BHyT ``LlamaLM`` trained 6 steps with its norm constants refreshed every 4, and its checkpoint at step 6:
+    the ``c`` in use (and saved) is step 4's, not the one step 6's weights give."""
+    from bhyt_pl.callbacks import NormConstantRefresh
+
+    lm = LlamaLM(overrides=TINY_OVERRIDES, norm="bhyt", seq_len=32, lr=3e-2, warmup_steps=0, tokenizer="embedded")
+    trainer = quiet_trainer(callbacks=[NormConstantRefresh(every_n_steps=4)], max_steps=6)
+    trainer.fit(lm, datamodule=TokenDataModule())
+    ckpt = tmp_path / "step6.ckpt"
+    trainer.save_checkpoint(ckpt)
+    return lm, ckpt

@@ -6,8 +6,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from lm_fixtures import bhyt_trained_between_refreshes
 
-from bhyt_pl.checkpoint import RESUME_MUST_MATCH, read_checkpoint, read_checkpoint_metadata, resume_mismatches
+from bhyt_pl.checkpoint import (
+    NORM_CONSTANTS,
+    RESUME_MUST_MATCH,
+    load_model,
+    read_checkpoint,
+    read_checkpoint_metadata,
+    resume_mismatches,
+)
 from bhyt_pl.errors import UsageError
 from bhyt_pl.module import LlamaLM
 
@@ -96,3 +104,21 @@ def test_a_foreign_checkpoint_is_named(tmp_path: Path) -> None:
     torch.save({"state_dict": {}}, path)
     with pytest.raises(UsageError, match=r"'.*other\.ckpt' is not a bhyt_pl LlamaLM checkpoint"):
         read_checkpoint_metadata(path)
+
+
+def test_load_model_uses_the_norm_constants_the_run_was_using(tmp_path: Path) -> None:
+    """``load_model`` recomputed BHyT's c from the weights: between two refreshes that is a value the run never
+    used, so an evaluation of the checkpoint did not compute what the run computed at that step."""
+    lm, ckpt = bhyt_trained_between_refreshes(tmp_path)
+    loaded = load_model(ckpt)
+    assert [float(a.norms.c) for a in loaded.model.layers] == [float(b.norms.c) for b in lm.model.layers]
+    idx = torch.randint(0, 64, (2, 16))
+    with torch.no_grad():
+        assert torch.equal(loaded.model(idx), lm.model.eval()(idx))
+    lm.model.refresh_norm_constants()  # what a checkpoint without them gets: c from its weights
+    checkpoint = torch.load(ckpt, weights_only=False)
+    del checkpoint[NORM_CONSTANTS]
+    torch.save(checkpoint, tmp_path / "older.ckpt")
+    older = load_model(tmp_path / "older.ckpt")
+    assert [float(a.norms.c) for a in older.model.layers] == [float(b.norms.c) for b in lm.model.layers]
+    assert [float(a.norms.c) for a in older.model.layers] != [float(a.norms.c) for a in loaded.model.layers]

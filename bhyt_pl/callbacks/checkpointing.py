@@ -8,6 +8,12 @@ stopped the run, checks before training that the checkpoint folder is writable a
 interrupted saves of earlier runs left there, gives every rank the run version rank 0 claimed
 (``RunLogger``), and prints where logs and checkpoints go at the start and the end.
 
+A step's validation belongs to the step: at a step after which Lightning validates (``val_check_interval``, the
+final step's ``ValidateAtLastStep``), every save of that step is made once the validation has ended
+(``on_validation_end``, after its metrics are logged) instead of before it. Lightning resumes a checkpoint saved
+before a validation as if that validation had run; one killed during it was lost for good. Now a kill during
+it leaves the previous checkpoint, and the resumed run trains the step again and validates it.
+
 Every save is atomic and agreed on (docs/checkpoints.md):
 
 - a sharded checkpoint (FSDP2, FSDP1 ``state_dict_type="sharded"``), which Lightning writes in place, is
@@ -20,16 +26,19 @@ Every save is atomic and agreed on (docs/checkpoints.md):
 
 Signals (README, "Stopping and resuming"):
 
-- SIGTERM: Lightning stops every rank after the same step; ``last`` is saved there; exit status 0.
+- SIGTERM: Lightning stops every rank after the same step (and after that step's validation, when one is
+  due there); ``last`` is saved there; exit status 0.
 - Ctrl-C (SIGINT), with ``save_on_ctrl_c=True`` (the command line's default): the current optimizer step
-  finishes on every rank, ``last`` is saved at once (no validation pass), one line is printed and
-  ``StoppedByCtrlC`` ends the run: exit status 130. A second Ctrl-C aborts without saving. Without it (the
-  default in your own ``Trainer``), Lightning's behaviour: ``KeyboardInterrupt`` wherever it lands, no save.
+  finishes on every rank, ``last`` is saved at once (no extra validation pass; only a validation due at that
+  very step runs first, as it belongs to the step), one line is printed and ``StoppedByCtrlC`` ends the run:
+  exit status 130. A second Ctrl-C aborts without saving. Without it (the default in your own ``Trainer``),
+  Lightning's behaviour: ``KeyboardInterrupt`` wherever it lands, no save.
 - SLURM's requeue signal (SIGUSR1 unless ``SLURMEnvironment(requeue_signal=...)``, with ``auto_requeue``):
   replaces Lightning's handler, which saved ``hpc_ckpt_N.ckpt`` wherever the signal landed (possibly
-  mid-step) into ``default_root_dir`` and kept training. Here the current step finishes, ``last`` is
-  saved, rank 0 runs ``scontrol requeue <job>`` and ``Requeued`` ends the process with status 0; the
-  requeued job (``SLURM_RESTART_COUNT`` > 0) resumes from ``last`` without ``--ckpt_path``.
+  mid-step) into ``default_root_dir`` and kept training. Here the current step finishes (with its validation,
+  when one is due there), ``last`` is saved, rank 0 runs ``scontrol requeue <job>`` and ``Requeued`` ends the
+  process with status 0; the requeued job (``SLURM_RESTART_COUNT`` > 0) resumes from ``last`` without
+  ``--ckpt_path``.
 """
 
 from __future__ import annotations
@@ -50,7 +59,7 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies import Strategy
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
@@ -76,6 +85,7 @@ __all__ = [
     "StoppedByCtrlC",
     "checkpoint_bytes",
     "slurm_job_id",
+    "validation_follows",
 ]
 
 
@@ -181,6 +191,19 @@ def slurm_job_id() -> str | None:
     return os.environ.get("SLURM_JOB_ID")
 
 
+def validation_follows(trainer: L.Trainer) -> bool:
+    """Whether Lightning validates right after the current training batch, asked in ``on_train_batch_end``.
+
+    The training loop decides it once every ``on_train_batch_end`` has run (``_TrainingEpochLoop.on_advance_end``)
+    with ``_should_check_val_fx``: the validation interval, the end of an epoch, ``trainer.should_stop`` (set by
+    then by ``ValidateAtLastStep``, which runs before checkpoint callbacks). Lightning has no public API for this
+    decision, and a copy of its rules would drift from them, so the loop's own method is asked (lightning is pinned
+    to 2.6 in pyproject.toml; tests/callbacks/test_checkpointing.py fails if the answer changes)."""
+    loop = trainer.fit_loop
+    fetcher = loop._data_fetcher
+    return fetcher is not None and loop.epoch_loop._should_check_val_fx(fetcher)
+
+
 def _requeue_signal(trainer: L.Trainer) -> int | None:
     """The signal SLURM sends before a job's time limit, when Lightning runs under SLURM with auto-requeue."""
     from lightning.fabric.plugins.environments import SLURMEnvironment
@@ -197,7 +220,9 @@ class RunCheckpoint(ModelCheckpoint):
     Takes ``ModelCheckpoint``'s arguments (``--checkpoint.*`` on the command line). Interruptions save
     ``last`` at the step the run stopped, so ``--ckpt_path last`` continues from there (module docstring:
     exit statuses and SLURM). Other exceptions follow ``save_on_exception`` as in Lightning (a crashed
-    step's state is not trusted by default).
+    step's state is not trusted by default). At a step followed by a validation, the step's saves (and a stop
+    asked for by a signal) wait for the end of that validation, so that no checkpoint skips a validation that
+    never completed (module docstring).
 
     Args:
         save_on_ctrl_c: Handle Ctrl-C (SIGINT): finish the current optimizer step on every rank, save ``last``
@@ -219,6 +244,10 @@ class RunCheckpoint(ModelCheckpoint):
         self._ctrl_c = False
         self._requeue = False
         self._previous_handlers: dict[int, Any] = {}
+        self._step_end: tuple[int, Any, Any, int] | None = None
+        """``(step, outputs, batch, batch_idx)`` of a step whose saves wait for its validation."""
+        self._stop_after_validation: bool | None = None
+        """A signal's stop waiting for the validation of the step it came at: True for Ctrl-C, False for requeue."""
 
     @property
     @override
@@ -303,6 +332,7 @@ class RunCheckpoint(ModelCheckpoint):
         super().on_train_start(trainer, pl_module)
         self._start_step = trainer.global_step
         self._ctrl_c = self._requeue = False
+        self._step_end, self._stop_after_validation = None, None
         if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread
             if self.save_on_ctrl_c:
                 self._previous_handlers[signal.SIGINT] = signal.signal(signal.SIGINT, self._on_ctrl_c)
@@ -333,10 +363,23 @@ class RunCheckpoint(ModelCheckpoint):
         self._previous_handlers = {}
 
     @override
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self._step_end is not None:  # a validation Lightning announced did not run (an empty validation set)
+            step = self._step_end[0]
+            self._step_end = None
+            rank_zero_warn(f"bhyt_pl: no validation ran after step {step}; the checkpoint due there was not written")
+
+    @override
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        validates = validation_follows(trainer)
+        if validates:  # the step's saves (ModelCheckpoint's own decision) once its validation has ended
+            self._step_end = (trainer.global_step, outputs, batch, batch_idx)
+        else:
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         if (batch_idx + 1) % trainer.accumulate_grad_batches:
             return  # mid-accumulation: stop only after a whole optimizer step
         ctrl_c, stop = self._ctrl_c, self._ctrl_c or self._requeue
@@ -346,6 +389,31 @@ class RunCheckpoint(ModelCheckpoint):
                 ctrl_c = trainer.strategy.reduce_boolean_decision(ctrl_c, all=False)
         if not stop:
             return
+        if validates:  # the validation due at this step first: a checkpoint saved before it would skip it
+            self._stop_after_validation = ctrl_c
+            return
+        self._save_and_stop(trainer, ctrl_c)
+
+    @override
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking and self._step_end is not None:
+            _, outputs, batch, batch_idx = self._step_end
+            self._step_end = None
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)  # the step's saves, now
+        super().on_validation_end(trainer, pl_module)
+        if trainer.sanity_checking:
+            return
+        sigterm = trainer.received_sigterm
+        if trainer.world_size > 1:  # saving is collective: every rank decides alike
+            sigterm = trainer.strategy.reduce_boolean_decision(sigterm, all=False)
+        if sigterm:  # Lightning stops right after this validation: save its step here, not past its end
+            self.save_last_now(trainer)
+        if self._stop_after_validation is not None:
+            ctrl_c, self._stop_after_validation = self._stop_after_validation, None
+            self._save_and_stop(trainer, ctrl_c)
+
+    def _save_and_stop(self, trainer: L.Trainer, ctrl_c: bool) -> None:
+        """Save ``last`` at this step and end the run: ``StoppedByCtrlC``, or SLURM's requeue and ``Requeued``."""
         self.save_last_now(trainer)
         where = self.last_model_path or self.dirpath
         if ctrl_c:

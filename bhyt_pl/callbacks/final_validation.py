@@ -5,8 +5,11 @@ With ``val_check_interval`` in steps, Lightning validates only at multiples of i
 and a longer one ends with a stale value. This callback asks Lightning for one more pass through its public
 stopping flag: ``trainer.should_stop`` set after the final step makes the training loop validate before it
 stops, as it does for ``EarlyStopping``; when the final step is already a validation point the pass runs once.
-Nothing happens when validation is off (``limit_val_batches=0``, as the study and the bench set it) or the run
-stops on a signal (SIGTERM, Ctrl-C and SLURM's requeue end the run before its last step, without validating).
+Nothing happens when validation is off (``limit_val_batches=0``, as the study and the bench set it). A signal
+(SIGTERM, Ctrl-C, SLURM's requeue) that comes at the last step itself does not skip the pass: ``RunCheckpoint``
+saves that step after it, so the saved run is complete with its final ``val/loss`` (a run saved at its last step
+without it would never get it: resuming it has nothing to train). A signal before the last step ends the run
+there, without this pass.
 ``LlamaLM`` adds it by itself (``configure_callbacks``).
 """
 
@@ -44,8 +47,6 @@ class ValidateAtLastStep(L.Callback):
         final = self.final_step(trainer)
         if final is None or trainer.global_step < final or not trainer.enable_validation:
             return  # global_step counts optimizer steps: unchanged while gradients accumulate
-        if trainer.received_sigterm:  # a preemption's grace period is for saving, not for a validation pass
-            return
         trainer.should_stop = True  # the training loop validates before it stops (``_should_check_val_fx``)
 
 

@@ -195,7 +195,8 @@ class BlockNorms(nn.Module):
     ``mlp_res`` act on the residual stream after each add (Post-LN, Mix-LN); identities have no
     parameters, so a scheme that leaves them out keeps its state-dict keys. Subclasses override
     ``pre_attn``/``pre_mlp`` to share statistics between the sites (``ctx``), and
-    ``refresh_constants`` to recompute cached, weight-derived constants.
+    ``refresh_constants`` to recompute cached, weight-derived constants (with ``constants`` and
+    ``set_constants``, through which a training checkpoint carries the values in use).
     """
 
     def __init__(
@@ -250,6 +251,16 @@ class BlockNorms(nn.Module):
 
     def refresh_constants(self, attn: nn.Module) -> None:
         """Recompute cached constants derived from this block's attention weights (no-op by default)."""
+
+    def constants(self) -> dict[str, torch.Tensor]:
+        """The cached constants ``refresh_constants`` keeps, by name (none by default): the values in use, which a
+        checkpoint stores so that a resume continues with them instead of recomputing them from newer weights."""
+        return {}
+
+    def set_constants(self, constants: Mapping[str, torch.Tensor]) -> None:
+        """Put back values ``constants()`` returned (a checkpoint's) instead of recomputing them."""
+        if constants:
+            raise ValueError(f"{type(self).__name__} caches no constants; got {sorted(constants)}")
 
     def site_statistics(
         self, site: str, args: tuple[Any, ...], saturation_threshold: float = 2.0

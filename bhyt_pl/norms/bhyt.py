@@ -26,7 +26,7 @@ temporaries. The fused paths' autograd Functions live in ``bhyt_pl.norms.bhyt_ke
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -221,8 +221,9 @@ class BHyT(nn.Module):
 class BHyTBlockNorms(BlockNorms):
     """BHyT's two sites of one block; site B reuses site A's statistic when ``approximate``.
 
-    ``c`` is a non-persistent buffer: it is never saved or loaded, only recomputed from the
-    current weights by ``refresh_constants`` (after init, after every load, during training).
+    ``c`` is a non-persistent buffer, outside the state dict: ``refresh_constants`` recomputes it from the
+    current weights (after init, after a load, on the refresh schedule during training), and ``constants`` /
+    ``set_constants`` carry the value in use through a training checkpoint (``NormConstantRefresh``).
     """
 
     def __init__(self, attn_in: BHyT, mlp_in: BHyT, approximate: bool, seq_len: int) -> None:
@@ -280,6 +281,15 @@ class BHyTBlockNorms(BlockNorms):
             # which c cannot be computed; NormConstantRefresh recomputes it inside summon_full_params
             return
         self.c.copy_(vo_constant(w_v, w_o, attn.n_head, attn.n_kv_head, self.seq_len))
+
+    def constants(self) -> dict[str, torch.Tensor]:
+        return {"c": self.c}
+
+    @torch.no_grad()
+    def set_constants(self, constants: Mapping[str, torch.Tensor]) -> None:
+        if set(constants) != {"c"}:
+            raise ValueError(f"BHyT block norms cache exactly one constant, 'c'; got {sorted(constants)}")
+        self.c.copy_(constants["c"])
 
 
 def _exact_layers(value: int | list[int] | tuple[int, ...] | None) -> int | tuple[int, ...] | None:

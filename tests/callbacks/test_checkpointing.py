@@ -4,8 +4,10 @@ reported with the checkpoint that remains. (Multi-process saves: tests/test_dist
 
 from __future__ import annotations
 
+import csv
 import errno
 import logging
+import os
 import shutil
 import signal
 from collections import namedtuple
@@ -18,7 +20,7 @@ import torch
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 from lm_fixtures import TINY_OVERRIDES, TokenDataModule, quiet_trainer
 
-from bhyt_pl.callbacks.checkpointing import CheckpointSaveError, RunCheckpoint, checkpoint_bytes
+from bhyt_pl.callbacks.checkpointing import CheckpointSaveError, RunCheckpoint, StoppedByCtrlC, checkpoint_bytes
 from bhyt_pl.checkpoint_io import AtomicCheckpointIO, checkpoint_step, human_size
 from bhyt_pl.cli import main
 from bhyt_pl.errors import UsageError
@@ -163,3 +165,99 @@ def test_a_failed_save_names_the_step_the_cause_and_the_checkpoint_that_remains(
     )
     assert isinstance(err.value.__cause__, OSError) and (err.value.target, err.value.step) == (last, 2)
     assert torch.load(last, weights_only=False)["global_step"] == 1
+
+
+class _Killed(Exception):
+    """Stands for a kill: nothing of the run is saved after it (``save_on_exception`` is off)."""
+
+
+class _KillAtValidation(L.Callback):
+    """Strikes when the validation pass of optimizer step ``step`` starts: after every hook of that step."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_validation_start(self, trainer: L.Trainer, *args) -> None:
+        if not trainer.sanity_checking and trainer.global_step == self.step:
+            raise _Killed(f"killed before the validation of step {self.step}")
+
+
+VALIDATE = ["--trainer.limit_val_batches", "1", "--trainer.val_check_interval", "4",
+            "--trainer.num_sanity_val_steps", "0", "--trainer.log_every_n_steps", "1",
+            "--config", str(ROOT / "recipes" / "loggers" / "csv.yaml")]  # fmt: skip
+"""Validation at steps 4 and 8 and at the last step, 10; every logged metric in a CSV file."""
+
+
+class _SignalAt(L.Callback):
+    """Sends this process ``signum`` at the end of optimizer step ``step`` (Ctrl-C's SIGINT, a preemption's SIGTERM)."""
+
+    def __init__(self, step: int, signum: int) -> None:
+        self.step, self.signum = step, signum
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), self.signum)
+
+
+def _logged(runs: Path) -> list[dict[str, dict[int, float]]]:
+    """Per run (CSV log) in order: ``{"train/loss": {step: value}, "val/loss": {step: value}}`` by optimizer step
+    (the CSV ``step`` column counts optimizer steps from 0)."""
+    out = []
+    for metrics in sorted((runs / "run" / "csv").glob("version_*/metrics.csv")):
+        logged: dict[str, dict[int, float]] = {"train/loss": {}, "val/loss": {}}
+        for row in csv.DictReader(metrics.open()):
+            for name, values in logged.items():
+                if row.get(name):
+                    values[int(row["step"]) + 1] = float(row[name])
+        out.append(logged)
+    return out
+
+
+def _joined(logs: list[dict[str, dict[int, float]]]) -> dict[str, dict[int, float]]:
+    """What the runs logged, the later run's value where two logged the same step (a step trained again)."""
+    return {name: {k: v for log in logs for k, v in log[name].items()} for name in ("train/loss", "val/loss")}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[int, float]]:
+    runs = tmp_path_factory.mktemp("uninterrupted")
+    main(_fit_args(runs, 10, *VALIDATE))
+    [logged] = _logged(runs)
+    assert sorted(logged["val/loss"]) == [4, 8, 10] and sorted(logged["train/loss"]) == list(range(1, 11))
+    return logged
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("every", "strike", "saved_at"),
+    [
+        (4, _KillAtValidation(8), 4),
+        (5, _KillAtValidation(10), 5),
+        (5, _SignalAt(8, signal.SIGINT), 8),
+        (5, _SignalAt(8, signal.SIGTERM), 8),
+    ],
+    ids=["kill-periodic", "kill-final", "ctrl_c", "sigterm"],
+)
+def test_a_step_is_saved_after_its_validation_and_a_kill_during_it_is_made_good(
+    tmp_path: Path, uninterrupted: dict[str, dict[int, float]], every: int, strike: L.Callback, saved_at: int
+) -> None:
+    """``last`` was saved at a step before that step's validation (Lightning's ModelCheckpoint saves in
+    ``on_train_batch_end``): a kill during the validation left a checkpoint that Lightning resumes past it, so step
+    8's ``val/loss`` was never logged ("kill-periodic"); at the last step the resumed run was complete with nothing
+    to train, and the final ``val/loss`` was lost ("kill-final"); a Ctrl-C at step 8 saved and stopped before its
+    validation, which was lost too ("ctrl_c"); a SIGTERM at step 8 saved after Lightning's validation pass, past the
+    step's end, and the resumed run logged every metric one step late ("sigterm"). Now the step is saved right after
+    its validation: a kill leaves the previous checkpoint and the resumed run trains the steps again and validates;
+    a signal validates, then saves."""
+    runs = tmp_path / "runs"
+    args = _fit_args(runs, 10, *VALIDATE, "--checkpoint.every_n_train_steps", str(every))
+    cli = main(args[1:], run=False)
+    cli.trainer.callbacks.insert(0, strike)
+    with pytest.raises((_Killed, StoppedByCtrlC, SystemExit)):  # SystemExit: Lightning's SIGTERMException
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    saved = checkpoint_step(runs / "run" / "version_0" / "checkpoints" / "last.ckpt")
+    main([*args, "--ckpt_path", "last"])
+    logs = _logged(runs)
+    assert _joined(logs) == uninterrupted  # every step's losses, step 8's and step 10's validation among them
+    assert saved == saved_at  # a kill during a step's validation leaves the checkpoint before that step
+    assert min(logs[-1]["val/loss"]) > saved  # a saved step's validation had been made: not made again

@@ -1,4 +1,5 @@
-"""``ValidateAtLastStep``: a fit validates at its last step, once, unless validation is off or a signal stopped it."""
+"""``ValidateAtLastStep``: a fit validates at its last step, once, unless validation is off or a signal stopped the
+run before that step."""
 
 from __future__ import annotations
 
@@ -59,20 +60,24 @@ class _SigtermAt(L.Callback):
             os.kill(os.getpid(), signal.SIGTERM)
 
 
-def test_a_run_stopped_by_sigterm_does_not_validate() -> None:
+def test_a_run_stopped_by_sigterm_before_its_last_step_does_not_validate() -> None:
     seen = _ValidationSteps()
     trainer = quiet_trainer(max_steps=6, val_check_interval=8, check_val_every_n_epoch=None, limit_val_batches=1,
                             callbacks=[_SigtermAt(3), seen])  # fmt: skip
     with pytest.raises(SystemExit):  # Lightning's SIGTERMException
         trainer.fit(LlamaLM(overrides=TINY_OVERRIDES, lr=1e-2), TokenDataModule())
     assert trainer.global_step == 3 and seen.steps == []
-    # at the last step itself: no extra pass either (a preemption's grace period is for saving)
+
+
+def test_a_sigterm_at_the_last_step_still_validates_it() -> None:
+    """The pass was skipped; the run then ended complete at its last step without its final ``val/loss``, and
+    resuming it had nothing to train, so that validation was never made."""
     seen = _ValidationSteps()
     trainer = quiet_trainer(max_steps=3, val_check_interval=8, check_val_every_n_epoch=None, limit_val_batches=1,
                             callbacks=[_SigtermAt(3), seen])  # fmt: skip
     with pytest.raises(SystemExit):
         trainer.fit(LlamaLM(overrides=TINY_OVERRIDES, lr=1e-2), TokenDataModule())
-    assert trainer.global_step == 3 and seen.steps == []
+    assert trainer.global_step == 3 and seen.steps == [3]
 
 
 def test_llama_lm_adds_it_once_and_keeps_a_configured_one() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -11,9 +12,11 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from lm_fixtures import TINY_OVERRIDES, TokenDataModule, quiet_trainer
+from lm_fixtures import TINY_OVERRIDES, TokenDataModule, bhyt_trained_between_refreshes, quiet_trainer
 
 from bhyt_pl.callbacks import NormConstantRefresh, default_refresh_interval, norm_refresh_callbacks
+from bhyt_pl.checkpoint import NORM_CONSTANTS
+from bhyt_pl.cli import main
 from bhyt_pl.module import LlamaLM
 from bhyt_pl.norms.bhyt import vo_constant
 
@@ -134,3 +137,74 @@ def test_fsdp2_every_rank_gets_the_single_process_c(tmp_path: Path) -> None:
         assert rank["c"] == pytest.approx(c, rel=1e-6)
         assert rank["stats"] == pytest.approx(joined, rel=1e-5)
     assert ranks[0]["c"] == ranks[1]["c"]  # bit-identical across ranks
+
+
+class _Losses(L.Callback):
+    """``train/loss`` of every optimizer step and ``val/loss`` of every validation pass, as logged; optionally sends
+    this process a SIGTERM after optimizer step ``sigterm_at`` (a cluster's preemption: Lightning stops after it
+    and ``RunCheckpoint`` saves ``last``)."""
+
+    def __init__(self, sigterm_at: int | None = None) -> None:
+        self.sigterm_at = sigterm_at
+        self.train: dict[int, float] = {}
+        self.val: dict[int, float] = {}
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, *args) -> None:
+        self.train[trainer.global_step] = float(outputs["loss"])
+        if trainer.global_step == self.sigterm_at:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def on_validation_end(self, trainer: L.Trainer, *args) -> None:
+        if not trainer.sanity_checking:
+            self.val[trainer.global_step] = float(trainer.callback_metrics["val/loss"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("norm", ["bhyt", "rmsnorm"])
+def test_a_resume_between_two_refreshes_continues_the_uninterrupted_run_bit_for_bit(norm: str, tmp_path: Path) -> None:
+    """A resume recomputed c from the restored weights, while the uninterrupted run kept the c of its last
+    scheduled refresh (here: step 4) until the next one (step 8): every loss after the resume differed."""
+    from test_resume import fit_args
+
+    def fit(runs: Path, losses: _Losses, ckpt_path: Path | None = None) -> L.Trainer:
+        args = fit_args(runs, 10, "--model.norm", norm, "--model.lr", "0.03", "--trainer.limit_val_batches", "1",
+                        "--trainer.val_check_interval", "3", "--trainer.enable_progress_bar", "false")  # fmt: skip
+        cli = main(args[1:], run=False)
+        cli.trainer.callbacks[:0] = [losses, NormConstantRefresh(every_n_steps=4)]
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
+        return cli.trainer
+
+    uninterrupted = _Losses()
+    reference = fit(tmp_path / "a", uninterrupted)
+    assert sorted(uninterrupted.train) == list(range(1, 11)) and sorted(uninterrupted.val) == [3, 6, 9, 10]
+    interrupted = _Losses(sigterm_at=6)  # between the refreshes at steps 4 and 8
+    with pytest.raises(SystemExit):  # Lightning's SIGTERMException
+        fit(tmp_path / "b", interrupted)
+    [last] = (tmp_path / "b").rglob("last.ckpt")
+    assert torch.load(last, map_location="cpu", weights_only=False, mmap=True)["global_step"] == 6
+    resumed = _Losses()
+    trainer = fit(tmp_path / "b", resumed, ckpt_path=last)
+    assert sorted(resumed.train) == list(range(7, 11))
+    assert {**interrupted.train, **resumed.train} == uninterrupted.train  # exact float equality
+    assert {**interrupted.val, **resumed.val} == uninterrupted.val
+    ours, theirs = (t.lightning_module.state_dict() for t in (trainer, reference))
+    assert all(torch.equal(ours[k], theirs[k]) for k in theirs)  # the weights at step 10, bit for bit
+
+
+def test_evaluating_a_checkpoint_uses_the_c_it_was_trained_with(tmp_path: Path) -> None:
+    """``validate``/``test`` with a checkpoint recomputed c from its weights: a value the run never used, so the
+    validation loss of a checkpoint was not the one its run logged at that step."""
+    lm, ckpt = bhyt_trained_between_refreshes(tmp_path)
+    assert cached_c(lm) != pytest.approx(expected_c(lm), rel=1e-4)  # step 4's c, not the one step 6's weights give
+    in_memory = quiet_trainer().validate(lm, TokenDataModule(), verbose=False)[0]["val/loss"]
+    fresh = bhyt_lm()
+    restored = quiet_trainer().validate(fresh, TokenDataModule(), ckpt_path=ckpt, verbose=False)
+    assert cached_c(fresh) == cached_c(lm)  # exact: the saved value, not one recomputed
+    assert restored[0]["val/loss"] == in_memory
+
+    checkpoint = torch.load(ckpt, weights_only=False)  # one written before the constants were saved
+    del checkpoint[NORM_CONSTANTS]
+    torch.save(checkpoint, tmp_path / "older.ckpt")
+    fresh = bhyt_lm()
+    quiet_trainer().validate(fresh, TokenDataModule(), ckpt_path=tmp_path / "older.ckpt", verbose=False)
+    assert cached_c(fresh) == pytest.approx(expected_c(lm), rel=1e-6)  # from its weights, as before

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 
+from bhyt_pl.callbacks import norm_refresh
 from bhyt_pl.study import command, runner, slurm
 from bhyt_pl.study.callbacks import DivergenceMonitor
 from bhyt_pl.study.preemption import RunCheckpointOnPreemption, RunPreempted, preemption_requested, saved_run_state
@@ -106,6 +107,30 @@ def test_a_preempted_run_resumes_at_the_next_step_with_the_uninterrupted_result(
     assert [s["step"] for s in resumed.stability["steps"]] == [1, 3, 6]
     assert resumed.tokens == SPEC.steps * 2 * 32
     assert resumed.train_seconds > 0 and math.isclose(resumed.tokens_per_sec, resumed.tokens / resumed.train_seconds)
+
+
+@pytest.mark.slow
+def test_a_run_preempted_between_two_refreshes_of_c_ends_with_the_uninterrupted_result(
+    tmp_path: Path, preempt_at: tuple[list[int], list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """BHyT's c is refreshed on a schedule; the resumed run recomputed it from the weights of the preempted step,
+    a value the uninterrupted run never used, and every number after that step differed."""
+    stop, steps = preempt_at
+    monkeypatch.setattr(norm_refresh, "default_refresh_interval", lambda max_steps: 4)  # refreshes at steps 4, 8
+    setup = command.prepare(["--quick", "--seq-len", "32", "--batch-size", "2", "--shuffle-buffer", "4"])
+    batches = setup.validation_batches()[:1]
+    spec = replace(SPEC, steps=10, trajectory_every=0, stability_every=0, importance=False)
+    reference = run_one(spec, setup.data, batches, TrainerSettings(), tmp_path / "reference")
+    assert reference.status == "ok", reference.error
+    stop.append(6)
+    with pytest.raises(RunPreempted):
+        run_one(spec, setup.data, batches, TrainerSettings(), tmp_path / "preempted")
+    slurm._PREEMPTED.clear()
+    steps.clear()
+    resumed = run_one(spec, setup.data, batches, TrainerSettings(), tmp_path / "preempted")
+    assert steps == [7, 8, 9, 10] and resumed.status == "ok", resumed.error
+    assert resumed.losses == reference.losses and resumed.val_loss == reference.val_loss  # exact
+    assert _comparable(resumed) == _comparable(reference)
 
 
 def _checkpoint(path: Path, spec: RunSpec, step: int = 3) -> dict[str, Any]:
