@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from distributed_jobs.kill_points import AFTER_SAVE
+from distributed_jobs.kill_points import AFTER_SAVE, IN_VALIDATION
 from distributed_jobs.launch import ROOT, clean_env, records, val_records, write_yaml
 
 from bhyt_pl.checkpoint_io import (
@@ -178,7 +178,6 @@ def test_fsdp2_kill_matrix_resumes_every_time_with_the_losses_of_an_uninterrupte
     states: dict[str, str] = {}  # the checkpoint folder after each job
     expected_start = 1  # the first step the next job trains
     job_index = 0
-    interrupted_val: set[int] = set()  # steps whose validation a kill interrupted, after the step's save
 
     def next_job(**kwargs) -> Job:
         nonlocal job_index
@@ -187,7 +186,7 @@ def test_fsdp2_kill_matrix_resumes_every_time_with_the_losses_of_an_uninterrupte
         job = _launch(tmp_path, name, run_name="chain", resume=job_index > 0, validate=True, **kwargs)
         states[name] = _state(folder)
         steps = _steps(tmp_path, name)
-        if expected_start > STEPS:  # the previous job was stopped after the final save: a valid end
+        if expected_start > STEPS:  # the previous job was stopped after the final save: the run is complete
             assert job.returncode == 0 and steps == [], (name, job.returncode, steps, job.stderr[-3000:])
             assert f"the run is complete at step {STEPS} (max_steps {STEPS}); nothing to train" in job.stdout
         else:
@@ -204,11 +203,9 @@ def test_fsdp2_kill_matrix_resumes_every_time_with_the_losses_of_an_uninterrupte
         job = next_job(kill={"point": point, "step": step})
         jobs.append((f"{point}@{step}", job))
         assert job.returncode == -signal.SIGKILL and job.point == point, (point, job.returncode, job.stderr[-3000:])
-        saved = step if point in AFTER_SAVE else step - 1
+        saved = step if point in AFTER_SAVE else step - 1  # a step is saved after its validation
         assert _last_complete(run_dir) == saved
         expected_start = saved + 1
-        if point in ("after_save", "in_validation"):
-            interrupted_val.add(step)
 
     # the fixed kill points, each during the save of step k: the run resumes from step k - 1
     for point, step in (("after_rank1_shard", 2), ("after_metadata", 3), ("after_meta_pt", 4), ("between_renames", 5)):
@@ -244,12 +241,14 @@ def test_fsdp2_kill_matrix_resumes_every_time_with_the_losses_of_an_uninterrupte
     (find_last_checkpoint(run_dir) / COMPLETE).unlink()
     assert _last_complete(run_dir) == 7
 
-    # seeded random points after a save: one mid-run (between a save and its validation, or during it), one after
-    # the final save (the same, or in the teardown after it): the run is then complete
+    # seeded random points in a validation (at its start or after its first batch, before the step's save): one
+    # mid-run and one at the final step, each redone by the resumed job; then a kill in the teardown after the final
+    # save: the run is complete and the last job trains nothing
     rng = random.Random(SEED)
     mid_run = [s for s in VAL_STEPS if expected_start <= s < STEPS]
-    killed(rng.choice(("after_save", "in_validation")), rng.choice(mid_run))
-    killed(rng.choice(AFTER_SAVE), STEPS)
+    killed(rng.choice(IN_VALIDATION), rng.choice(mid_run))
+    killed(rng.choice(IN_VALIDATION), STEPS)
+    killed("in_teardown", STEPS)
     jobs.append(("complete", next_job()))
     assert not [p.name for p in folder.iterdir() if p.name != "last.ckpt"]  # no leftover remains
     assert checkpoint_step(folder / "last.ckpt") == STEPS
@@ -267,8 +266,7 @@ def test_fsdp2_kill_matrix_resumes_every_time_with_the_losses_of_an_uninterrupte
                 got_val[record["step"]] = record["val_loss"]
         assert sorted(got) == list(range(1, STEPS + 1))
         assert [got[s] for s in sorted(got)] == [r["loss"] for r in want[rank]]  # bit-identical on CPU
-        # a validation that a kill interrupted after its step's save is not redone on resume (yet): it may be missing
-        assert set(VAL_STEPS) - interrupted_val <= set(got_val) <= set(VAL_STEPS), (sorted(got_val), interrupted_val)
+        assert sorted(got_val) == VAL_STEPS  # a validation that a kill interrupted is redone by the resumed job
         reference_val = {r["step"]: r["val_loss"] for r in want_val[rank]}
         assert got_val == {s: reference_val[s] for s in got_val}  # bit-identical on CPU
     # the record (pytest -s): each stop, the steps its job trained, the checkpoint folder it left

@@ -13,11 +13,15 @@ the run at once, as a node failure or ``kill -9`` of the job):
   - ``after_meta_pt``: rank 0 wrote Lightning's ``meta.pt``;
   - ``between_renames``: rank 0 moved the previous ``last.ckpt`` aside (the first of the two renames);
 
-- after the save of step ``step`` is in place (the run resumes after ``step``):
+- during the validation of step ``step``, which comes before that step's save (``RunCheckpoint`` saves a step
+  after its validation; the run resumes after ``step - 1`` and validates ``step`` again):
 
-  - ``after_save``: the validation pass of step ``step`` starts (between the save and its validation);
+  - ``validation_start``: the validation pass of step ``step`` starts;
   - ``in_validation``: the first batch of that validation pass was evaluated on rank 0;
-  - ``in_teardown``: the fit's teardown (every step trained, the final save and validation done).
+
+- after the final save is in place (the run is complete):
+
+  - ``in_teardown``: the fit's teardown (every step trained, the final validation and save done).
 
 Failures that stop the run by themselves:
 
@@ -49,9 +53,11 @@ import torch
 from torch.distributed.checkpoint import FileSystemWriter
 
 SAVE_STAGES = ("after_rank1_shard", "after_metadata", "after_meta_pt", "between_renames")
-AFTER_SAVE = ("after_save", "in_validation", "in_teardown")
+IN_VALIDATION = ("validation_start", "in_validation")
+AFTER_SAVE = ("in_teardown",)
 POINTS = (
     *SAVE_STAGES,
+    *IN_VALIDATION,
     *AFTER_SAVE,
     "rank1_write_fails",
     "rank0_io_fails",
@@ -167,7 +173,7 @@ class KillAt(L.Callback):
             time.sleep(self.hold)  # the watcher ends this process when it sees rank 1 gone; ``hold`` bounds a hang
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.point == "after_save" and trainer.global_rank == 0 and self._validating_now(trainer):
+        if self.point == "validation_start" and trainer.global_rank == 0 and self._validating_now(trainer):
             self._kill_group()
 
     def on_validation_batch_end(self, trainer: L.Trainer, *args) -> None:
