@@ -173,11 +173,11 @@ def load_event_run(path: str | Path) -> RunData:
 
     tags = set(events.Tags()["scalars"])
     # one step count throughout, the optimizer step a value belongs to (``trainer.global_step`` after it, as
-    # max_steps, the progress bar and the checkpoints count): the callbacks and ``LlamaLM``'s validation log at it,
-    # but ``LightningModule.log`` writes a training step's values at the steps done *before* its batch, so a 40-step
-    # run's last training loss is logged at 39
+    # max_steps, the progress bar and the checkpoints count): the callbacks log at it, but ``LightningModule.log``
+    # writes at the steps done *before* the batch, so a 40-step run's last loss, and the validation after its
+    # step 40, are logged at 39
     run.train_loss = [(step + 1, value) for step, value in series("train/loss")] if "train/loss" in tags else []
-    run.val_loss = series("val/loss") if "val/loss" in tags else []
+    run.val_loss = [(step + 1, value) for step, value in series("val/loss")] if "val/loss" in tags else []
     for stat in profiles():
         layers = sorted((split[1], tag) for tag in tags if (split := split_layer_key(tag)) and split[0] == stat)
         if not layers:

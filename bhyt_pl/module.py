@@ -372,11 +372,6 @@ class LlamaLM(L.LightningModule):
     def on_validation_epoch_end(self) -> None:
         # logged after the metric above is computed and synced; exp of the token-level mean NLL
         self.log("val/perplexity", torch.exp(self.val_loss.compute().clamp(max=30)), sync_dist=True)
-        if self.trainer.state.fn == "fit":
-            # the pass's x-axis: the optimizer steps its weights have had (``global_step``, as the callbacks,
-            # checkpoints and ``max_steps`` count). Lightning's default, the steps done before the current batch,
-            # would log the validation after step k at k - 1; a metric named "step" is Lightning's x-axis override.
-            self.log("step", float(self.trainer.global_step))
 
     def on_test_epoch_start(self) -> None:
         self.test_loss.reset()

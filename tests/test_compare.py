@@ -33,7 +33,7 @@ def _write_run(folder: Path, norm: str, norm_args: dict, steps: int, *, val: boo
     for step in range(1, steps + 1):
         writer.add_scalar("train/loss", 10 - step / 2, step - 1)
         if val and step % 4 == 0:
-            writer.add_scalar("val/loss", 11 - step / 2, step)  # LlamaLM logs a fit's validation at global_step
+            writer.add_scalar("val/loss", 11 - step / 2, step - 1)
         if step in (1, steps):
             for layer in range(3):
                 writer.add_scalar(f"depth/magnitude/layer_{layer:02d}", (layer + 1) * step, step)

@@ -207,8 +207,8 @@ def _logged(runs: Path) -> list[dict[str, dict[int, float]]]:
         logged: dict[str, dict[int, float]] = {"train/loss": {}, "val/loss": {}}
         for row in csv.DictReader(metrics.open()):
             for name, values in logged.items():
-                if row.get(name):  # a training step's values are logged at the steps done before its batch
-                    values[int(row["step"]) + (name == "train/loss")] = float(row[name])
+                if row.get(name):
+                    values[int(row["step"]) + 1] = float(row[name])
         out.append(logged)
     return out
 
