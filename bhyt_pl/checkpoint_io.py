@@ -328,9 +328,7 @@ def _checkpoint_entries(folder: Path) -> list[Path]:
     """Checkpoints in ``folder``: ``*.ckpt`` files and folders, and kept copies; never temporaries."""
     if not folder.is_dir():
         return []
-    return sorted(
-        p for p in folder.iterdir() if (p.suffix == ".ckpt" and not p.name.startswith(".")) or kept_target(p)
-    )
+    return sorted(p for p in folder.iterdir() if (p.suffix == ".ckpt" and not p.name.startswith(".")) or kept_target(p))
 
 
 def complete_checkpoints(folder: str | Path) -> list[tuple[Path, int | None]]:

@@ -7,8 +7,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from bhyt_pl.study.design import SchemeGroup, Selection, StudyDesign
-from bhyt_pl.study.runner import RunResult, RunSpec
+from bhyt_pl.study.protocol.design import SchemeGroup, Selection, StudyDesign
+from bhyt_pl.study.protocol.spec import RunResult, RunSpec
 from bhyt_pl.variants import Variant
 
 BASE = RunSpec(label="base", norm="rmsnorm", seed=42, data_seed=42)
@@ -119,7 +119,7 @@ def layer_run(spec: RunSpec, ln_magnitude: float, loss: float = 5.0) -> RunResul
 
 def pilot_spec(group: str, seed_index: int, steps: int = 10, label: str | None = None) -> RunSpec:
     """A pilot run's spec as ``python -m bhyt_pl study`` writes it (``--trajectory-every`` 5, seed 42 + index)."""
-    from bhyt_pl.study.plan import run_label
+    from bhyt_pl.study.protocol.spec import run_label
 
     return replace(
         BASE,
@@ -143,8 +143,8 @@ def write_pilot(folder, ln_magnitude: Mapping[str, Sequence[float]] | None = Non
     import json
     from pathlib import Path
 
-    from bhyt_pl.study.design import parse_group
-    from bhyt_pl.study.results import StudyRecord
+    from bhyt_pl.study.protocol.design import parse_group
+    from bhyt_pl.study.record.results import StudyRecord
 
     ln_magnitude = ln_magnitude or PILOT_LN_MAGNITUDE
     steps = spec_fields.pop("steps", 10)

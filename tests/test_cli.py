@@ -587,8 +587,15 @@ def test_an_incomplete_checkpoint_is_one_line_naming_the_complete_one(tmp_path: 
 def _subprocess_fit(tmp: Path, *extra: str) -> subprocess.CompletedProcess:
     from distributed_jobs.launch import clean_env
 
-    return subprocess.run([sys.executable, "-m", "bhyt_pl", *_fit_args(tmp / "runs", 4, *extra)], cwd=ROOT,
-                          env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "bhyt_pl", *_fit_args(tmp / "runs", 4, *extra)],
+        cwd=ROOT,
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.mark.slow

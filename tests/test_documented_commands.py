@@ -422,9 +422,9 @@ def run_gpu_bench_dry_run(workspace: Workspace, argv: list[str], env: dict[str, 
 
 
 def parse_study(workspace: Workspace, argv: list[str], env: dict[str, str]) -> None:
-    """``study ARGS`` resolved as a run would be (``bhyt_pl.study.command.prepare``: options, config files, the
+    """``study ARGS`` resolved as a run would be (``bhyt_pl.study.cli.exploration.prepare``: options, config files, the
     budget, the schemes, the data), without the launcher's check for GPUs or SLURM's tools, and without a run."""
-    from bhyt_pl.study.command import prepare
+    from bhyt_pl.study.cli.exploration import prepare
 
     with workspace.inside(env):
         prepare(_tool_argv(argv)[1:])

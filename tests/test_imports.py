@@ -22,6 +22,7 @@ LAYERS: list[tuple[str, ...]] = [
     # foundations: no bhyt_pl import above this line
     (
         "bhyt_pl._version",
+        "bhyt_pl.lazy",
         "bhyt_pl.errors",
         "bhyt_pl.machine",
         "bhyt_pl.validation",
@@ -47,7 +48,14 @@ LAYERS: list[tuple[str, ...]] = [
     ("bhyt_pl.module", "bhyt_pl.eval"),
     ("bhyt_pl.failures", "bhyt_pl.watchdog"),  # how the command line reports a failed run; a hung one ends
     ("bhyt_pl.compare",),
-    ("bhyt_pl.study",),
+    # the study, in the order of its pipeline: design and rules, one run, where runs execute, the record, the report,
+    # and the command line with its driver and kinds (the package root and ``__main__`` are the entry point)
+    ("bhyt_pl.study.protocol",),
+    ("bhyt_pl.study.run",),
+    ("bhyt_pl.study.launch",),
+    ("bhyt_pl.study.record",),
+    ("bhyt_pl.study.report",),
+    ("bhyt_pl.study.cli", "bhyt_pl.study"),
     ("bhyt_pl.bench",),  # measures everything below it, a study run included (bench --parts study_run)
     ("bhyt_pl", "bhyt_pl.__main__", "bhyt_pl.cli"),  # the package root re-exports; the entry point and the CLI,
     # which loads every tool (eval, bench, study, ...) by name

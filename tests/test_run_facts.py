@@ -515,7 +515,8 @@ def test_study_binds_its_sequence_length_and_a_new_fact(
 ) -> None:
     """The study's runs get BHyT's T and ``tokens_per_step``, a fact declared by this test's fixture alone
     (from the study's --seq-len and --batch-size)."""
-    from bhyt_pl.study import main, runner
+    from bhyt_pl.study import main
+    from bhyt_pl.study.run import runner
 
     built: list[LlamaLM] = []
 

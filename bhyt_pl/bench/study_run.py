@@ -1,4 +1,4 @@
-"""One study run (``bhyt_pl.study.runner.run_one``) at the default study's settings, eager and compiled, side
+"""One study run (``bhyt_pl.study.run.runner.run_one``) at the default study's settings, eager and compiled, side
 by side: the wall time a study pays per run, first compile included (docs/performance.md, "Study run")."""
 
 from __future__ import annotations
@@ -28,15 +28,16 @@ def study_run_table(schemes: list[str], steps: int | None, repeats: int) -> dict
 
     Args:
         schemes: registered norm schemes (e.g. ``["rmsnorm", "bhyt"]``).
-        steps: optimizer steps per run; None: the default study's (``bhyt_pl.study.command.FULL``).
+        steps: optimizer steps per run; None: the default study's (``bhyt_pl.study.cli.exploration.FULL``).
         repeats: runs per scheme and path.
 
     Returns:
         ``{"settings": {...}, "runs": {scheme: {path: {"wall_s": [...], "train_s": [...], ...}}},
         "ratio": {scheme: {...}}}``.
     """
-    from bhyt_pl.study.command import prepare
-    from bhyt_pl.study.runner import TrainerSettings, run_one
+    from bhyt_pl.study.cli.exploration import prepare
+    from bhyt_pl.study.protocol.spec import RunStatus, TrainerSettings
+    from bhyt_pl.study.run.runner import run_one
 
     if repeats < 1:
         raise ValueError(f"study_run repeats must be >= 1, got {repeats}")
@@ -59,7 +60,7 @@ def study_run_table(schemes: list[str], steps: int | None, repeats: int) -> dict
                     start = time.perf_counter()
                     result = run_one(specs[name], factory, batches, settings, Path(tmp) / path)
                     wall = time.perf_counter() - start
-                    if result.status != "ok":
+                    if result.status != RunStatus.OK:
                         raise RuntimeError(f"study_run {name} {path}: {result.status} {result.error or ''}")
                     entry = runs[name][path]
                     entry["wall_s"].append(wall)

@@ -429,8 +429,10 @@ class RunCheckpoint(ModelCheckpoint):
                 result = subprocess.call(["scontrol", "requeue", job])
                 requeued = result == 0
                 outcome = f"requeued SLURM job {job}" if requeued else f"`scontrol requeue {job}` failed ({result})"
-            rank_zero_info(f"bhyt_pl: SLURM requeue signal at step {trainer.global_step}; saved {where}; {outcome}"
-                           + ("; the requeued job resumes from it" if requeued else "; resume with --ckpt_path last"))
+            rank_zero_info(
+                f"bhyt_pl: SLURM requeue signal at step {trainer.global_step}; saved {where}; {outcome}"
+                + ("; the requeued job resumes from it" if requeued else "; resume with --ckpt_path last")
+            )
         if trainer.world_size > 1:  # every rank exits with rank 0's outcome
             requeued = trainer.strategy.broadcast(requeued)
         if not requeued:  # a failed requeue must not look like success to the scheduler

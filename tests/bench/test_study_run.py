@@ -10,8 +10,8 @@ import pytest
 
 from bhyt_pl.bench import main, study_run
 from bhyt_pl.bench.command import DEFAULT_PARTS, PARTS
-from bhyt_pl.study import runner
-from bhyt_pl.study.runner import RunResult
+from bhyt_pl.study.protocol.spec import RunResult
+from bhyt_pl.study.run import runner
 
 
 def test_study_run_table_interleaves_paths_and_divides_wall_times(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -97,5 +97,6 @@ def main() -> None:
               f"{100 * per_log / (100 * base):.2f}%")  # fmt: skip
         interleaved_runs(args.norm, args.steps, args.runs, lambda: DepthStatsMonitor(every_n_steps=100), tmp)
 
+
 if __name__ == "__main__":
     main()

@@ -74,5 +74,6 @@ def main() -> None:
               f"{100 * (per_log / (100 * base) + per_step):.2f}% of training time")  # fmt: skip
         interleaved_runs(args.norm, args.steps, args.runs, lambda: StabilityMonitor(every_n_steps=100), tmp)
 
+
 if __name__ == "__main__":
     main()

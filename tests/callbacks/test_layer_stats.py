@@ -33,7 +33,7 @@ from bhyt_pl.callbacks.layer_stats import (
     unregister_statistic,
 )
 from bhyt_pl.module import LlamaLM
-from bhyt_pl.study.callbacks import MemoryLogger
+from bhyt_pl.study.run.callbacks import MemoryLogger
 
 
 def _profile(n: int, first: float, ratio: float) -> list[float]:
@@ -182,9 +182,9 @@ def test_a_statistic_declared_here_reaches_results_json_the_claims_and_the_repor
     from bhyt_pl.compare import load_study_runs
     from bhyt_pl.compare import markdown_table as compare_table
     from bhyt_pl.study import main
-    from bhyt_pl.study.claims import ClaimSpec, evaluate
-    from bhyt_pl.study.metrics import value
-    from bhyt_pl.study.results import load
+    from bhyt_pl.study.protocol.claims import ClaimSpec, evaluate
+    from bhyt_pl.study.protocol.metrics import value
+    from bhyt_pl.study.record.results import load
 
     out = tmp_path / "study"
     argv = ["--quick", "--layers", "2", "--steps", "2", "--seq-len", "32", "--batch-size", "2", "--val-batches", "4"]

@@ -1,4 +1,4 @@
-"""The study's argument parser (``bhyt_pl.study.arguments``): every parse error one line naming ``--help`` with exit
+"""The study's argument parser (``bhyt_pl.study.cli.arguments``): every parse error one line naming ``--help`` with exit
 status 2 and no usage dump, an unrecognized flag named with the nearest accepted one, no abbreviations, and
 ``--help`` in full."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from bhyt_pl.study.arguments import StudyArgumentParser, closest_option
+from bhyt_pl.study.cli.arguments import StudyArgumentParser, closest_option
 
 
 def _parser() -> StudyArgumentParser:

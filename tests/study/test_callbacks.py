@@ -1,4 +1,4 @@
-"""A study run's callbacks (``bhyt_pl.study.callbacks``): the divergence bound, the trajectory cadence and the
+"""A study run's callbacks (``bhyt_pl.study.run.callbacks``): the divergence bound, the trajectory cadence and the
 in-memory logger, on scripted trainers."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from bhyt_pl.study import callbacks
-from bhyt_pl.study.callbacks import DivergenceMonitor, MemoryLogger, TrajectoryRecorder
+from bhyt_pl.study.run import callbacks
+from bhyt_pl.study.run.callbacks import DivergenceMonitor, MemoryLogger, TrajectoryRecorder
 
 
 def _fake_trainer(step: int) -> SimpleNamespace:

@@ -1,4 +1,4 @@
-"""The study's claim evaluation (``bhyt_pl.study.claims.evaluate`` over the ``CLAIMS`` table) on a synthetic
+"""The study's claim evaluation (``bhyt_pl.study.protocol.claims.evaluate`` over the ``CLAIMS`` table) on a synthetic
 result set, against intervals and verdicts worked out by hand from the numbers below (3 evaluation seeds:
 t(0.975, 2) = 4.3027, t(0.95, 2) = 2.9200). Every group trains at one rate (1e-3), its best and the one
 matched rate, so both arms read the same runs."""
@@ -12,12 +12,20 @@ from dataclasses import replace
 import pytest
 from study_fixtures import kept_design, synthetic_set
 
-from bhyt_pl.study import claims as claims_module
-from bhyt_pl.study import metrics as metrics_module
-from bhyt_pl.study.claims import CLAIMS, CONFIRMATION_ROWS, PAPER_CLAIMS, POST_HOC, ClaimSpec, PaperClaimSpec, evaluate
-from bhyt_pl.study.design import StudyDesign
-from bhyt_pl.study.runner import RunResult, RunSpec
-from bhyt_pl.study.stats import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
+from bhyt_pl.study.protocol import claims as claims_module
+from bhyt_pl.study.protocol import metrics as metrics_module
+from bhyt_pl.study.protocol.claims import (
+    CLAIMS,
+    CONFIRMATION_ROWS,
+    PAPER_CLAIMS,
+    POST_HOC,
+    ClaimSpec,
+    PaperClaimSpec,
+    evaluate,
+)
+from bhyt_pl.study.protocol.design import StudyDesign
+from bhyt_pl.study.protocol.spec import RunResult, RunSpec
+from bhyt_pl.study.protocol.stats import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
 
 T_975_2 = 4.302652729911275  # the 97.5% quantile of Student's t with 2 degrees of freedom
 BOUND_NOTE = " (trained last layer vs a bound stated at initialisation)"

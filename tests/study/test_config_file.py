@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from bhyt_pl.errors import UsageError
-from bhyt_pl.study.command import main, parser, prepare
-from bhyt_pl.study.config_file import expand_config_files
+from bhyt_pl.study.cli.config_file import expand_config_files
+from bhyt_pl.study.cli.exploration import main, parser, prepare
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes" / "study"
 

@@ -1,4 +1,4 @@
-"""The confirmation stage (``bhyt_pl.study.confirm``) on a synthetic pilot whose per-seed differences are set by hand
+"""The confirmation stage (``bhyt_pl.study.cli.confirmation_plan``) on a synthetic pilot whose per-seed differences are set by hand
 (``study_fixtures.PILOT_LN_MAGNITUDE``): the candidates read the pilot's evaluation seeds only, the plan's seed count
 against an independent power computation, an infeasible test, run specs on seeds above every pilot seed, verdicts that
 read only the confirmation's seeds, one-sided p-values against scipy's paired t-test, Holm by hand, an
@@ -17,9 +17,12 @@ from scipy import stats as scipy_stats
 from study_fixtures import PILOT_LN_MAGNITUDE, layer_run, pilot_spec, write_pilot
 
 from bhyt_pl import strict_json
-from bhyt_pl.study import confirm, power, stats
-from bhyt_pl.study.confirm import ConfirmationRecord, evaluate, family_runs, frozen_plan, load_pilot, p_value
-from bhyt_pl.study.results import StudyRecord
+from bhyt_pl.study.cli import confirmation_plan as confirm
+from bhyt_pl.study.cli.confirmation_plan import frozen_plan, load_pilot
+from bhyt_pl.study.protocol import power, stats
+from bhyt_pl.study.protocol.confirmation import evaluate, family_runs, p_value
+from bhyt_pl.study.record.confirmation import KIND, ConfirmationRecord
+from bhyt_pl.study.record.results import StudyRecord
 
 MEDIAN = "BHyT < {}: median_magnitude"
 T_90_2 = 1.8856180831641267  # t_{0.90, 2}: the half-width factor of an 80 % interval from 3 values
@@ -254,7 +257,7 @@ def test_a_restart_keeps_plan_json_and_refuses_options_that_ask_for_another(tmp_
 
 
 def test_the_record_round_trips_and_refuses_other_records(tmp_path: Path, pilot, plan: power.Plan) -> None:
-    record = ConfirmationRecord({"kind": confirm.KIND, "tokens_per_step": 64}, plan, confirmation_runs(plan, pilot))
+    record = ConfirmationRecord({"kind": KIND, "tokens_per_step": 64}, plan, confirmation_runs(plan, pilot))
     document = json.loads(json.dumps(record.to_dict(), default=str))
     again = ConfirmationRecord.from_dict(document)
     assert json.dumps(again.plan.to_dict()) == json.dumps(plan.to_dict())  # NaN powers: compared as text

@@ -1,4 +1,4 @@
-"""``python -m bhyt_pl study confirm`` (``bhyt_pl.study.confirm_command``) end to end on a synthetic pilot, its runs
+"""``python -m bhyt_pl study confirm`` (``bhyt_pl.study.cli.confirmation``) end to end on a synthetic pilot, its runs
 trained by a stand-in for ``runner.run_one`` (no model: the study's scheduler and in-process launcher are real):
 the plan is written and printed before the first run, exactly the planned runs train, on seeds above the pilot's,
 the pilot's results.json is untouched, a restart reuses every run and keeps plan.json, ``--report-from`` rebuilds
@@ -13,9 +13,12 @@ from pathlib import Path
 import pytest
 from study_fixtures import layer_run, write_pilot
 
-from bhyt_pl.study import confirm, main, runner
-from bhyt_pl.study.confirm_command import report_from
-from bhyt_pl.study.runner import RunResult, RunSpec, run_dirname
+from bhyt_pl.study import main
+from bhyt_pl.study.cli import confirmation_plan as confirm
+from bhyt_pl.study.cli.confirmation import report_from
+from bhyt_pl.study.protocol.spec import RunResult, RunSpec, run_dirname
+from bhyt_pl.study.record.confirmation import load as load_confirmation
+from bhyt_pl.study.run import runner
 
 
 def confirmation_ln(group: str, i: int) -> float:
@@ -56,7 +59,7 @@ def test_confirm_trains_the_planned_runs_and_leaves_the_pilot_alone(
     out = pilot / "confirmation"
     printed = capsys.readouterr().out
     assert "Confirmation plan (frozen before any run)" in printed and f"frozen in {out / 'plan.json'}" in printed
-    plan = confirm.load(out).plan
+    plan = load_confirmation(out).plan
     specs = confirm.confirmation_specs(plan, confirm.load_pilot(pilot))
     assert sorted(trained) == sorted(s.label for s in specs) and len(trained) == plan.runs == 20
     assert all(int(label.rsplit("-s", 1)[1]) >= 4 for label in trained)  # never a pilot seed (0-3)

@@ -1,4 +1,4 @@
-"""The confirmation's report (``bhyt_pl.study.confirm_report``): the family's rows on the test's scale against hand
+"""The confirmation's report (``bhyt_pl.study.report.confirmation``): the family's rows on the test's scale against hand
 computations (the geometric mean of the per-seed ratios with its interval back-transformed from the ln scale, the
 one-sided bound), groups as geometric means over the confirmation's seeds only, and docs/method.md's declaration
 of the family rendered from the code's rows and the committed pilot's plan."""
@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 from study_fixtures import layer_run, pilot_spec, write_pilot
 
-from bhyt_pl.study import confirm, power, stats
-from bhyt_pl.study.confirm import ConfirmationRecord, FamilyResult
-from bhyt_pl.study.confirm_report import (
+from bhyt_pl.study.cli import confirmation_plan as confirm
+from bhyt_pl.study.protocol import power, stats
+from bhyt_pl.study.protocol.confirmation import Evaluation, FamilyResult, p_value
+from bhyt_pl.study.record.confirmation import KIND, ConfirmationRecord
+from bhyt_pl.study.report.confirmation import (
     declared_family_table,
     declared_rows_table,
     estimate,
@@ -51,7 +53,7 @@ def _result(statistic: str, values: list[float]) -> FamilyResult:
         0.9,
     )
     d = stats.interval(values)
-    p = confirm.p_value(d, "lower")
+    p = p_value(d, "lower")
     return FamilyResult(planned, (), (), d, stats.interval(values, 0.90), p, p, stats.CONFIRMED)
 
 
@@ -65,7 +67,7 @@ def test_a_ratio_row_is_the_geometric_mean_with_its_back_transformed_interval() 
     assert (ratio.mean, ratio.low, ratio.high) == pytest.approx((math.exp(-1.2), low, high))
     assert estimate(t) == "x0.301 [0.183, 0.495] (ln -1.2)"
     assert t.one_sided_bound == pytest.approx(-1.2 + T_95_2 * se)  # the one-sided 95 % upper bound, ln scale
-    assert "| < x0.422 |" in family_table(confirm.Evaluation((t,), ()))  # exp(-1.2 + 2.92 se) = 0.4220
+    assert "| < x0.422 |" in family_table(Evaluation((t,), ()))  # exp(-1.2 + 2.92 se) = 0.4220
     # a growth statistic is already an ln ratio: its mean difference, not exponentiated
     growth = _result("magnitude_growth", [-1.2, -1.0, -1.4])
     assert growth.ratio() is None and estimate(growth) == "-1.2 [-1.697, -0.703]"
@@ -84,10 +86,10 @@ def test_groups_are_geometric_means_over_the_confirmations_seeds_only(tmp_path: 
     runs += [layer_run(pilot_spec("bhyt", i), 9.0) for i in (1, 2, 3)]  # pilot seeds: never in a confirmation table
     assert stats.interval(list(magnitudes.values())).low < 0
     geometric = stats.geometric_mean(list(magnitudes.values()))
-    text = groups_table(ConfirmationRecord({"kind": confirm.KIND}, plan, runs))
+    text = groups_table(ConfirmationRecord({"kind": KIND}, plan, runs))
     row = next(line for line in text.splitlines() if line.startswith("| bhyt |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
-    from bhyt_pl.study.markdown import num
+    from bhyt_pl.study.report.markdown import num
 
     spread = f"({num(3.0)}-{num(300.0)})"
     assert (
@@ -102,7 +104,7 @@ def test_the_report_holds_every_section_and_save_false_writes_no_record(tmp_path
     pilot = confirm.load_pilot(write_pilot(tmp_path / "pilot"))
     plan = confirm.make_confirmation_plan(pilot, pilot.rate(), 12)
     runs = [layer_run(s, 0.5 if s.group == "bhyt" else 2.0) for s in confirm.confirmation_specs(plan, pilot)]
-    record = ConfirmationRecord({"kind": confirm.KIND, "command": "c", "rate": 3e-3}, plan, runs)
+    record = ConfirmationRecord({"kind": KIND, "command": "c", "rate": 3e-3}, plan, runs)
     paths = write_report(tmp_path / "out", record, figures=False, save=False)
     text = paths["report"].read_text()
     assert not paths["results"].exists()

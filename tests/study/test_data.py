@@ -1,4 +1,4 @@
-"""The study's data (``bhyt_pl.study.data``): one data-module setting for every run, the fixed validation batches,
+"""The study's data (``bhyt_pl.study.run.data``): one data-module setting for every run, the fixed validation batches,
 and the unigram loss against a count by hand."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pickle
 import pytest
 import torch
 
-from bhyt_pl.study.data import StudyData, fixed_batches, unigram_entropy
+from bhyt_pl.study.run.data import StudyData, fixed_batches, unigram_entropy
 
 
 def test_study_data_makes_a_module_per_seed_and_travels_to_a_worker_whole() -> None:

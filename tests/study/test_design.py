@@ -1,4 +1,4 @@
-"""The typed design (``bhyt_pl.study.design``): scheme groups parsed from ``--schemes``, disjoint candidates, runs
+"""The typed design (``bhyt_pl.study.protocol.design``): scheme groups parsed from ``--schemes``, disjoint candidates, runs
 found by key (the rate as run labels write it, never compared as a float), and the design read back from its
 ``to_dict``."""
 
@@ -9,7 +9,7 @@ import json
 import pytest
 from study_fixtures import fake_result, kept_design
 
-from bhyt_pl.study.design import (
+from bhyt_pl.study.protocol.design import (
     RunKey,
     Selection,
     StudyDesign,
@@ -18,7 +18,7 @@ from bhyt_pl.study.design import (
     parse_group,
     rate_key,
 )
-from bhyt_pl.study.runner import RunResult, RunSpec
+from bhyt_pl.study.protocol.spec import RunResult, RunSpec
 
 
 def test_every_registered_scheme_parses_as_a_group() -> None:

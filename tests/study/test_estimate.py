@@ -1,4 +1,4 @@
-"""``study --dry-run`` (bhyt_pl.study.estimate): the run range against a hand count and against the protocol itself
+"""``study --dry-run`` (bhyt_pl.study.cli.estimate): the run range against a hand count and against the protocol itself
 (``run_depth_study`` with fake runs), FLOPs and GPU-hours against the formula, option checks, the CPU probe, and a
 dry run that trains and writes nothing."""
 
@@ -15,13 +15,14 @@ import pytest
 
 from bhyt_pl.config import LlamaConfig
 from bhyt_pl.errors import UsageError
-from bhyt_pl.study import command, estimate
-from bhyt_pl.study.design import SchemeGroup, Selection
-from bhyt_pl.study.local import InlineLauncher
-from bhyt_pl.study.plan import evaluation_specs, run_label, selection_specs
-from bhyt_pl.study.protocol import run_depth_study
-from bhyt_pl.study.runner import RunResult, RunSpec, run_dirname
-from bhyt_pl.study.scheduler import Scheduler
+from bhyt_pl.study.cli import estimate
+from bhyt_pl.study.cli import exploration as command
+from bhyt_pl.study.launch.execution import run_depth_study
+from bhyt_pl.study.launch.pool import InlineLauncher
+from bhyt_pl.study.launch.scheduler import Scheduler
+from bhyt_pl.study.protocol.design import SchemeGroup, Selection
+from bhyt_pl.study.protocol.plan import evaluation_specs, selection_specs
+from bhyt_pl.study.protocol.spec import RunResult, RunSpec, run_dirname, run_label
 
 SMALL = ["--schemes", "rmsnorm", "layernorm", "--lrs", "1e-3", "3e-3", "--seeds", "2"]
 TINY = ["--preset", "tiny", "--layers", "2", "--steps", "4", "--batch-size", "2", "--seq-len", "16", "--no-compile"]
@@ -175,7 +176,7 @@ def test_dry_run_trains_and_writes_nothing(
     def no_training(*args: object, **kwargs: object) -> None:
         raise AssertionError("a dry run trained a study run")
 
-    monkeypatch.setattr("bhyt_pl.study.runner.run_one", no_training)
+    monkeypatch.setattr("bhyt_pl.study.run.runner.run_one", no_training)
     monkeypatch.chdir(tmp_path)
     argv = [*TINY, *SMALL, "--probe-steps", "2", "--workers", "2", "--out", str(tmp_path / "study"), "--dry-run"]
     levels = [logging.getLogger(name).level for name in estimate.LIGHTNING_LOGGERS]

@@ -1,4 +1,4 @@
-"""The report's figures (``bhyt_pl.study.figures``): one panel per declared statistic (a statistic registered here
+"""The report's figures (``bhyt_pl.study.report.figures``): one panel per declared statistic (a statistic registered here
 gets its own), the plotted lines hold the seed means, and depth figures read every group at the matched rate."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from bhyt_pl.callbacks.layer_stats import (
     statistics,
     unregister_statistic,
 )
-from bhyt_pl.study import figures
-from bhyt_pl.study.design import StudyRuns
-from bhyt_pl.study.runner import RunResult, RunSpec
+from bhyt_pl.study.protocol.design import StudyRuns
+from bhyt_pl.study.protocol.spec import RunResult, RunSpec
+from bhyt_pl.study.report import figures
 
 
 def _visible_titles(figure) -> list[str]:

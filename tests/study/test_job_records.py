@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bhyt_pl.errors import UsageError
-from bhyt_pl.study.job_records import LOCK_FILE, RECORDS_FILE, JobRecord, JobRecords
+from bhyt_pl.study.launch.job_records import LOCK_FILE, RECORDS_FILE, JobRecord, JobRecords
 
 
 def test_records_are_appended_durably_and_a_torn_last_line_is_dropped(tmp_path: Path) -> None:

@@ -1,11 +1,11 @@
-"""The launcher protocol (``bhyt_pl.study.launcher``): what counts as a launcher, and what an event carries."""
+"""The launcher protocol (``bhyt_pl.study.launch.launcher``): what counts as a launcher, and what an event carries."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from bhyt_pl.study.launcher import Launcher, RunEvent, RunState
-from bhyt_pl.study.runner import RunResult, RunSpec
+from bhyt_pl.study.launch.launcher import Launcher, RunEvent, RunState
+from bhyt_pl.study.protocol.spec import RunResult, RunSpec
 
 
 class Minimal:

@@ -1,4 +1,4 @@
-"""The local launchers (``bhyt_pl.study.local``): both implement the launcher protocol, report a run that raised
+"""The local launchers (``bhyt_pl.study.launch.pool``): both implement the launcher protocol, report a run that raised
 as failed, and a small study trained through the process pool gives the inline launcher's results; on GPUs (their
 count mocked: no GPU here) each pool worker owns one visible GPU, also after a worker died."""
 
@@ -14,10 +14,11 @@ import pytest
 import torch
 
 from bhyt_pl.errors import UsageError
-from bhyt_pl.study import local, main
-from bhyt_pl.study.launcher import Launcher, RunState
-from bhyt_pl.study.local import InlineLauncher, ProcessPoolLauncher, available_cpus, local_workers
-from bhyt_pl.study.runner import RunResult, RunSpec
+from bhyt_pl.study import main
+from bhyt_pl.study.launch import pool as local
+from bhyt_pl.study.launch.launcher import Launcher, RunState
+from bhyt_pl.study.launch.pool import InlineLauncher, ProcessPoolLauncher, available_cpus, local_workers
+from bhyt_pl.study.protocol.spec import RunResult, RunSpec
 
 
 def scripted_run(spec: RunSpec) -> RunResult:

@@ -1,4 +1,4 @@
-"""The report's table machinery (``bhyt_pl.study.markdown``): column entries, rows of the wrong width refused, and
+"""The report's table machinery (``bhyt_pl.study.report.markdown``): column entries, rows of the wrong width refused, and
 numbers and intervals written one way."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from bhyt_pl.study import stats
-from bhyt_pl.study.markdown import Column, ci, geometric_ci, markdown_table, num, short_ci, table
+from bhyt_pl.study.protocol import stats
+from bhyt_pl.study.report.markdown import Column, ci, geometric_ci, markdown_table, num, short_ci, table
 
 
 def test_a_table_is_its_columns_over_its_rows() -> None:

@@ -1,4 +1,4 @@
-"""What a study run measures on its model (``bhyt_pl.study.measure``), against references computed here: layer
+"""What a study run measures on its model (``bhyt_pl.study.run.measure``), against references computed here: layer
 importance against full forwards with a block removed, depth statistics against float64 formulas (the median token
 and the magnitude without the two largest channels included), and a trajectory point's profiles."""
 
@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from bhyt_pl.module import LlamaLM
-from bhyt_pl.study.measure import depth_statistics, layer_importance, stability_summary, trajectory_point
+from bhyt_pl.study.protocol.metrics import trajectory_point
+from bhyt_pl.study.run.measure import depth_statistics, layer_importance, stability_summary
 
 
 def _module(norm: str) -> LlamaLM:

@@ -1,4 +1,4 @@
-"""Per-run metrics (``bhyt_pl.study.metrics``): the validation loss and every summary of every registered statistic,
+"""Per-run metrics (``bhyt_pl.study.protocol.metrics``): the validation loss and every summary of every registered statistic,
 read from a snapshot, on the comparison scale, with their declared margins."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 from study_fixtures import BASE, fake_result
 
 from bhyt_pl.callbacks.layer_stats import statistics
-from bhyt_pl.study.metrics import VAL_LOSS, final_snapshot, metric, metrics, snapshots, value
-from bhyt_pl.study.runner import RunResult
+from bhyt_pl.study.protocol.metrics import VAL_LOSS, final_snapshot, metric, metrics, snapshots, value
+from bhyt_pl.study.protocol.spec import RunResult
 
 
 def test_every_summary_of_every_statistic_is_a_metric() -> None:

@@ -1,4 +1,4 @@
-"""The protocol's rules (``bhyt_pl.study.plan``) without training: run lists and labels, the selection's choice
+"""The protocol's rules (``bhyt_pl.study.protocol.plan``) without training: run lists and labels, the selection's choice
 and ties, grid extension at both edges, the default matched rates and the evaluation runs of both arms."""
 
 from __future__ import annotations
@@ -9,20 +9,18 @@ from dataclasses import replace
 import pytest
 from study_fixtures import BASE, fake_result
 
-from bhyt_pl.study.design import Selection, parse_group
-from bhyt_pl.study.plan import (
+from bhyt_pl.study.protocol.design import Selection, parse_group
+from bhyt_pl.study.protocol.plan import (
     choose,
     default_matched_lrs,
     evaluation_seeds,
     evaluation_specs,
     extension_lr,
-    legacy_label,
-    run_label,
     select,
     selection_specs,
     sweep_specs,
 )
-from bhyt_pl.study.runner import RunResult, RunSpec
+from bhyt_pl.study.protocol.spec import RunResult, RunSpec, legacy_label, run_label
 
 GRID = (1e-3, 3e-3, 1e-2)
 

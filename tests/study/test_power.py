@@ -1,4 +1,4 @@
-"""The confirmation's power plan (``bhyt_pl.study.power``) against hand computations and independent references:
+"""The confirmation's power plan (``bhyt_pl.study.protocol.power``) against hand computations and independent references:
 the power of a one-sided paired t-test by numerical integration over the sample SD's chi-square (not scipy's
 noncentral t), and by simulation with a fixed seed.
 
@@ -20,8 +20,8 @@ from scipy import integrate
 from scipy import stats as scipy_stats
 
 from bhyt_pl import strict_json
-from bhyt_pl.study import power
-from bhyt_pl.study.power import Candidate, PaperClaim, Plan, make_plan
+from bhyt_pl.study.protocol import power
+from bhyt_pl.study.protocol.power import Candidate, PaperClaim, Plan, make_plan
 
 PILOT = (-0.3, -0.2, -0.25)
 EFFECT = 0.25 - 1.885618 * 0.05 / math.sqrt(3)  # 0.195567

@@ -1,4 +1,4 @@
-"""A study run stopped by its job's preemption (``bhyt_pl.study.preemption``): it saves ``last.ckpt`` and raises
+"""A study run stopped by its job's preemption (``bhyt_pl.study.run.preemption``): it saves ``last.ckpt`` and raises
 ``RunPreempted``; called again it resumes at the next step and ends with the uninterrupted run's result; a
 checkpoint of another spec is never resumed."""
 
@@ -18,10 +18,13 @@ import pytest
 import torch
 
 from bhyt_pl.callbacks import norm_refresh
-from bhyt_pl.study import command, runner, slurm
-from bhyt_pl.study.callbacks import DivergenceMonitor
-from bhyt_pl.study.preemption import RunCheckpointOnPreemption, RunPreempted, preemption_requested, saved_run_state
-from bhyt_pl.study.runner import RunResult, RunSpec, TrainerSettings, run_dirname, run_one
+from bhyt_pl.study.cli import exploration as command
+from bhyt_pl.study.launch import submitit_launcher as slurm
+from bhyt_pl.study.protocol.spec import RunResult, RunSpec, TrainerSettings, run_dirname
+from bhyt_pl.study.run import runner
+from bhyt_pl.study.run.callbacks import DivergenceMonitor
+from bhyt_pl.study.run.preemption import RunCheckpointOnPreemption, RunPreempted, preemption_requested, saved_run_state
+from bhyt_pl.study.run.runner import run_one
 
 TIMING = ("train_seconds", "tokens_per_sec", "wall_seconds")
 SPEC = RunSpec(

@@ -1,4 +1,4 @@
-"""The protocol drivers (``bhyt_pl.study.protocol``) without training: a fake run function whose validation loss
+"""The protocol drivers (``bhyt_pl.study.launch.execution``) without training: a fake run function whose validation loss
 and depth profile are set by hand drives the real scheduler and the in-process launcher (selection seed apart from
 the evaluation seeds, grid extension at both edges and the edge flag, matched-arm reuse, reuse of finished runs
 across invocations, a fixed run list). The rules themselves: tests/study/test_plan.py."""
@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 from study_fixtures import BASE, fake_result
 
-from bhyt_pl.study.claims import evaluate
-from bhyt_pl.study.design import StudyDesign, parse_group
-from bhyt_pl.study.local import InlineLauncher
-from bhyt_pl.study.plan import SELECTION_SEED, default_matched_lrs, evaluation_specs, legacy_label
-from bhyt_pl.study.protocol import adopt_legacy_run, run_all, run_depth_study
-from bhyt_pl.study.runner import RunResult, RunSpec, run_dirname
-from bhyt_pl.study.scheduler import Scheduler
+from bhyt_pl.study.launch.execution import adopt_legacy_run, run_all, run_depth_study
+from bhyt_pl.study.launch.pool import InlineLauncher
+from bhyt_pl.study.launch.scheduler import Scheduler
+from bhyt_pl.study.protocol.claims import evaluate
+from bhyt_pl.study.protocol.design import StudyDesign, parse_group
+from bhyt_pl.study.protocol.plan import SELECTION_SEED, default_matched_lrs, evaluation_specs
+from bhyt_pl.study.protocol.spec import RunResult, RunSpec, legacy_label, run_dirname
 
 GRID = (1e-3, 3e-3, 1e-2)
 

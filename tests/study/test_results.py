@@ -1,4 +1,4 @@
-"""A study's record (``bhyt_pl.study.results``): written, read back into typed values, a design recorded before it
+"""A study's record (``bhyt_pl.study.record.results``): written, read back into typed values, a design recorded before it
 carried its frame completed from ``meta``, a file that is not a study's record named, and the invocations of a
 resumed study (total wall time, the partial marker until it finishes; an older record as one invocation)."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from study_fixtures import synthetic
 
-from bhyt_pl.study.design import Selection, StudyDesign, StudyRuns, parse_group
-from bhyt_pl.study.results import Invocation, StudyRecord, load
+from bhyt_pl.study.protocol.design import Selection, StudyDesign, StudyRuns, parse_group
+from bhyt_pl.study.record.results import Invocation, StudyRecord, load
 
 
 def _record() -> StudyRecord:

@@ -1,4 +1,4 @@
-"""One study run (``bhyt_pl.study.runner``): the compiled training path against the eager one, and the run's record
+"""One study run (``bhyt_pl.study.run.runner``): the compiled training path against the eager one, and the run's record
 read back from its JSON."""
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from bhyt_pl import strict_json
-from bhyt_pl.study import command
-from bhyt_pl.study.runner import COMPILE_LOSS_TOLERANCE, RunResult, RunSpec, TrainerSettings, run_dirname, run_one
+from bhyt_pl.study.cli import exploration as command
+from bhyt_pl.study.protocol.spec import RunResult, RunSpec, TrainerSettings, run_dirname
+from bhyt_pl.study.run.runner import COMPILE_LOSS_TOLERANCE, run_one
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""The scheduler drives any launcher (``bhyt_pl.study.launcher.Launcher``): a scripted one that batches its starts
+"""The scheduler drives any launcher (``bhyt_pl.study.launch.launcher.Launcher``): a scripted one that batches its starts
 and reports runs out of order, running before done, failed without a result, and a run it was never given."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from bhyt_pl.study.launcher import RunEvent, RunState
-from bhyt_pl.study.runner import RunResult, RunSpec, run_dirname
-from bhyt_pl.study.scheduler import Scheduler, finished_result, progress_line
+from bhyt_pl.study.launch.launcher import RunEvent, RunState
+from bhyt_pl.study.launch.scheduler import Scheduler, finished_result, progress_line
+from bhyt_pl.study.protocol.spec import RunResult, RunSpec, run_dirname
 
 
 class ScriptedLauncher:
@@ -173,11 +173,11 @@ def test_a_record_that_is_not_reused_is_named_with_the_reason(
     elif content == "error":
         content = json.dumps(RunResult(spec, status="error", error="boom").to_dict(), default=str)
     path.write_text(content)
-    with caplog.at_level("INFO", logger="bhyt_pl.study.scheduler"):
+    with caplog.at_level("INFO", logger="bhyt_pl.study.launch.scheduler"):
         assert finished_result(tmp_path, spec) is None
     (message,) = [r.getMessage() for r in caplog.records]
     assert message.startswith("study run kept: trained again") and why in message
     caplog.clear()
-    with caplog.at_level("INFO", logger="bhyt_pl.study.scheduler"):
+    with caplog.at_level("INFO", logger="bhyt_pl.study.launch.scheduler"):
         assert finished_result(tmp_path, RunSpec(label="never", norm="rmsnorm")) is None
     assert not caplog.records  # no record at all: a new run, nothing to say

@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from bhyt_pl.study.command import FULL, QUICK, prepare
-from bhyt_pl.study.setup import StudySetup, loadavg_text
+from bhyt_pl.study.cli.exploration import FULL, QUICK, prepare
+from bhyt_pl.study.cli.setup import StudySetup, loadavg_text
 
 
 def test_the_mode_names_the_default_folder_and_out_overrides_it() -> None:

@@ -23,17 +23,17 @@ from fake_slurm.jobs import expected_loss, quick_run, stepped_loss, stepped_run
 from submitit.core.utils import FailedJobError
 
 from bhyt_pl.errors import UsageError
-from bhyt_pl.study import slurm
-from bhyt_pl.study.job_records import JobRecords
-from bhyt_pl.study.launcher import Launcher, RunEvent, RunState
-from bhyt_pl.study.runner import RunSpec
-from bhyt_pl.study.slurm import (
+from bhyt_pl.study.launch import submitit_launcher as slurm
+from bhyt_pl.study.launch.job_records import JobRecords
+from bhyt_pl.study.launch.launcher import Launcher, RunEvent, RunState
+from bhyt_pl.study.launch.submitit_launcher import (
     CheckpointableRun,
     ClusterSettings,
     RunPreempted,
     SubmititLauncher,
     preemption_requested,
 )
+from bhyt_pl.study.protocol.spec import RunSpec
 
 HERE = Path(__file__).resolve().parent
 FINAL = (RunState.DONE, RunState.FAILED)

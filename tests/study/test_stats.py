@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from bhyt_pl.study import stats
+from bhyt_pl.study.protocol import stats
 
 
 def test_interval_matches_a_hand_computation() -> None:

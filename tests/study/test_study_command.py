@@ -1,4 +1,4 @@
-"""``python -m bhyt_pl study`` (``bhyt_pl.study.command``): a --quick-sized run end to end on a tiny budget (seeds, LR
+"""``python -m bhyt_pl study`` (``bhyt_pl.study.cli.exploration``): a --quick-sized run end to end on a tiny budget (seeds, LR
 selection, claims, trajectories, layer importance), resume, divergence detection, a failing run that does not end
 the study, the sweep grid, ``--report-from``, removed flags, argument errors and the setup the bench reuses."""
 
@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from bhyt_pl.study import command, main, runner
-from bhyt_pl.study.command import parser, prepare, resolve
-from bhyt_pl.study.design import check_disjoint, parse_group
-from bhyt_pl.study.tables import group_columns
+from bhyt_pl.study import main
+from bhyt_pl.study.cli import exploration as command
+from bhyt_pl.study.cli.exploration import parser, prepare, resolve
+from bhyt_pl.study.protocol.design import check_disjoint, parse_group
+from bhyt_pl.study.report.tables import group_columns
+from bhyt_pl.study.run import runner
 
 # a tiny budget on top of --quick: 2 layers, a few steps of 2 x 32 tokens
 TINY = ["--quick", "--layers", "2", "--steps", "3", "--seq-len", "32", "--batch-size", "2", "--val-batches", "4"]
@@ -169,7 +171,7 @@ def test_quick_sweep_grid(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> N
     out = tmp_path / "sweep"
     argv = ["--sweep", "--quick", "--steps", "2", "--depths", "1", "2", "--lrs", "1e-3", "100", "--seq-len", "32"]
     argv += ["--shuffle-buffer", "4", "--workers", "1", "--no-compile"]
-    with caplog.at_level("INFO", logger="bhyt_pl.study.command"):
+    with caplog.at_level("INFO", logger="bhyt_pl.study.cli.exploration"):
         assert main([*argv, "--batch-size", "2", "--schemes", "rmsnorm", "--out", str(out)]) == 0
     progress = [r.getMessage() for r in caplog.records if r.getMessage().startswith("study: run ")]
     assert [m.split(" done")[0] for m in progress] == [f"study: run {k} of 4" for k in (1, 2, 3, 4)]
@@ -286,8 +288,8 @@ def test_help_shows_seeds_lrs_and_workers() -> None:
 
 
 def test_workers_default_to_the_cpus_this_process_may_use(monkeypatch: pytest.MonkeyPatch) -> None:
-    from bhyt_pl.study import local
-    from bhyt_pl.study.launch import check_launcher
+    from bhyt_pl.study.launch import pool as local
+    from bhyt_pl.study.launch.options import check_launcher
 
     monkeypatch.setattr(local.os, "sched_getaffinity", lambda pid: {0, 3, 5}, raising=False)
     assert command.parser().parse_args([]).workers is None  # decided by the launcher: CPUs here, GPUs with one
@@ -332,7 +334,7 @@ def test_ctrl_c_exits_130_saying_the_command_resumes_and_the_rerun_reuses_what_f
     both invocations in its record; that report rebuilds from its results.json byte for byte."""
     import signal
 
-    from bhyt_pl.study.callbacks import DivergenceMonitor
+    from bhyt_pl.study.run.callbacks import DivergenceMonitor
 
     out = tmp_path / "s"
     argv = ["--sweep", "--schemes", "rmsnorm", "--depths", "1", "--lrs", "1e-3", "3e-3", "--seeds", "1"]

@@ -1,4 +1,4 @@
-"""The report document (``bhyt_pl.study.report``): the committed study's report rebuilt from its ``results.json``
+"""The report document (``bhyt_pl.study.report.exploration``): the committed study's report rebuilt from its ``results.json``
 alone, byte for byte, and the sections a fresh record's report holds."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from pathlib import Path
 
 from study_fixtures import synthetic_set, write_pilot
 
-from bhyt_pl.study.command import report_from
-from bhyt_pl.study.report import write_report
-from bhyt_pl.study.results import Invocation, StudyRecord, load
+from bhyt_pl.study.cli.exploration import report_from
+from bhyt_pl.study.record.results import Invocation, StudyRecord, load
+from bhyt_pl.study.report.exploration import write_report
 
 COMMITTED = Path(__file__).resolve().parents[2] / "docs" / "depth_study"
 

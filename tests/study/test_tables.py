@@ -1,4 +1,4 @@
-"""The report's tables (``bhyt_pl.study.tables``) on hand-built runs: a statistic column shows each group's seed
+"""The report's tables (``bhyt_pl.study.report.tables``) on hand-built runs: a statistic column shows each group's seed
 interval, a column added in a test shows its values, the edge flag follows a group into every table, the
 approximation table reads both groups at the matched rate, and the detail table's seed counts by hand."""
 
@@ -10,11 +10,12 @@ import re
 import pytest
 from study_fixtures import kept_design, synthetic, synthetic_set
 
-from bhyt_pl.study import stats, tables
-from bhyt_pl.study.claims import ClaimSpec, evaluate
-from bhyt_pl.study.design import StudyRuns
-from bhyt_pl.study.markdown import Column, short_ci, table
-from bhyt_pl.study.runner import RunResult, RunSpec
+from bhyt_pl.study.protocol import stats
+from bhyt_pl.study.protocol.claims import ClaimSpec, evaluate
+from bhyt_pl.study.protocol.design import StudyRuns
+from bhyt_pl.study.protocol.spec import RunResult, RunSpec
+from bhyt_pl.study.report import tables
+from bhyt_pl.study.report.markdown import Column, short_ci, table
 
 T_975_2 = 4.302652729911275  # the 97.5% quantile of Student's t with 2 degrees of freedom
 
@@ -219,7 +220,7 @@ def test_approximation_ratios_compare_both_groups_at_each_matched_rate() -> None
 
 
 def test_growth_words_follow_the_interval() -> None:
-    from bhyt_pl.study import stats
+    from bhyt_pl.study.protocol import stats
 
     assert tables.growth_words(stats.interval([0.5, 0.6, 0.55])) == "grows with depth"
     assert tables.growth_words(stats.interval([-0.5, -0.6, -0.55])) == "shrinks with depth"

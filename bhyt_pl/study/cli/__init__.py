@@ -1,0 +1,1 @@
+"""The study's command line: the driver every kind of study runs on, and the kinds (exploration, confirmation)."""

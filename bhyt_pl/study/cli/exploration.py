@@ -1,0 +1,591 @@
+"""``python -m bhyt_pl study``: the depth study and the stability sweep (docs/depth_study.md).
+
+Depth study (default, protocol v3 of ``bhyt_pl.study.protocol.plan``): every ``--schemes`` group picks its
+candidate and learning rate on a selection seed (``--lrs``, extended past an edge up to ``--extensions``
+times), then trains ``--seeds`` evaluation seeds at that best rate and at each ``--matched-lrs`` rate.
+Writes ``report.md`` (claims from the ``bhyt_pl.study.protocol.claims`` table with per-claim and Holm-adjusted
+verdicts, claims over training, depth-wise growth, per-group tables, LR sensitivity, layer importance,
+StabilityMonitor columns), figures, ``results.json`` (every run, the design, every claim with its run labels)
+and one ``runs/<label>/`` folder per run. Runs are reused: a run whose ``result.json`` matches its spec
+(across invocations sharing ``--out``) is read back instead of retrained.
+
+Stability sweep (``--sweep``): schemes x ``--depths`` x ``--lrs`` x seeds; ``report.md`` with the grid.
+
+``--report-from DIR`` rebuilds ``DIR/report.md`` and its figures from ``DIR/results.json`` alone.
+
+This module parses the command line into a ``StudySetup`` (``prepare``) and runs it (``main``): the protocol
+drivers are in ``bhyt_pl.study.launch.execution``, the scheduler in ``bhyt_pl.study.launch.scheduler``, the launchers in
+``bhyt_pl.study.launch.pool``, the report in ``bhyt_pl.study.report.exploration``.
+
+Examples::
+
+    python -m bhyt_pl study --quick --workers 2           # at most 10 minutes on 2 CPU cores
+    python -m bhyt_pl study --workers 2                   # the committed report (docs/depth_study.md)
+    python -m bhyt_pl study --sweep --quick               # small stability grid
+    python -m bhyt_pl study --schemes rmsnorm "bhyt:lambda_attn=1.0|2.0" --seeds 5 --lrs 1e-3 3e-3
+    python -m bhyt_pl study --report-from docs/depth_study  # the committed report again, no training
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import logging
+import math
+import sys
+import time
+from collections.abc import Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bhyt_pl.config import PRESETS, LlamaConfig
+from bhyt_pl.errors import UsageError
+from bhyt_pl.study.cli import estimate
+from bhyt_pl.study.cli.arguments import StudyArgumentParser
+from bhyt_pl.study.cli.config_file import expand_config_files
+from bhyt_pl.study.cli.setup import Budget, StudySetup, loadavg_text
+from bhyt_pl.study.launch.execution import run_all, run_depth_study
+from bhyt_pl.study.launch.options import add_launcher_arguments, check_launcher, interrupted_runs, make_launcher
+from bhyt_pl.study.launch.scheduler import Scheduler, progress_line
+from bhyt_pl.study.protocol.design import SchemeGroup, check_disjoint, parse_group, rate_key
+from bhyt_pl.study.protocol.plan import sweep_specs
+from bhyt_pl.study.protocol.spec import RunResult, RunSpec, RunStatus, TrainerSettings
+from bhyt_pl.study.record.results import Invocation, StudyRecord, load
+from bhyt_pl.study.report import exploration as report
+from bhyt_pl.study.run import runner
+from bhyt_pl.study.run.data import StudyData, unigram_entropy
+from bhyt_pl.validation import raise_if_problems
+
+__all__ = [
+    "DEFAULT_ROLES",
+    "DEFAULT_SCHEMES",
+    "FULL",
+    "QUICK",
+    "REMOVED_FLAGS",
+    "SWEEP",
+    "SWEEP_QUICK",
+    "Budget",
+    "StudySetup",
+    "main",
+    "parser",
+    "prepare",
+    "report_from",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SCHEMES = (
+    "rmsnorm",
+    "layernorm",
+    "lns",
+    "peri_ln",
+    "dyt:alpha_attn=0.5|1.0|2.0",
+    "bhyt",
+    "bhyt:lambda_attn=1.0",
+    "bhyt:exact_layers=4",
+    "bhyt_exact",
+)
+"""``rmsnorm`` is the reference; DyT over an alpha grid (its width-dependent alpha is untuned here); BHyT
+at lambda_attn 2 (released default) and 1 (the paper's text); BHyT with exact statistics in the first 4
+layers (the approximation ablation); BHyT* (exact everywhere). Any other registered scheme (``derf``,
+``dyisru``, ``seednorm``, ``post_ln``, ``mix_ln``, ``reordered``, ``hybridnorm``, ``ssnorm``, ``gpas``, your own)
+runs with ``--schemes``."""
+
+DEFAULT_ROLES = {
+    "BHyT": "bhyt",
+    "BHyT lambda_attn 1": "bhyt:lambda_attn=1.0",
+    "BHyT exact 4 layers": "bhyt:exact_layers=4",
+    "BHyT*": "bhyt_exact",
+    "RMSNorm": "rmsnorm",
+    "LayerNorm": "layernorm",
+    "LNS": "lns",
+    "Peri-LN": "peri_ln",
+    "DyT": "dyt:alpha_attn=0.5|1.0|2.0",
+}
+"""The roles of the claims table (``bhyt_pl.study.protocol.claims``) and the default group each plays; ``--roles
+ROLE=GROUP`` remaps one (e.g. ``--roles DyT=dyt:alpha_attn=1.0``). A claim whose roles have no group is listed
+as not tested."""
+
+REMOVED_FLAGS = {
+    "--seed": "--seeds N (evaluation seeds 43..42+N after the selection seed 42; each seeds the initialisation "
+    "and the data order)",
+    "--data-seed": "--seeds N (seed i shuffles the data with 42 + i)",
+    "--lr": "--lrs LR [LR ...] (the learning-rate grid; one value: that learning rate for every scheme)",
+}
+"""Flags the study does not take and what replaces them. Each is declared so that using it is an error naming its
+replacement (the parser takes no abbreviation, so ``--seed 43`` is never read as ``--seeds 43``)."""
+
+
+# Protocol v3 run counts with the default 9 groups (docs/depth_study.md): 33 selection runs (8 schemes + 3 DyT
+# alphas, x 3 lrs) + one extension per group whose best rate sits at a grid edge (at most 9) + 3 evaluation
+# seeds x (best rate + 2 matched rates, coinciding where the best rate is a matched one): 33 + <=9 + 27..81.
+# Measured on 2 CPU cores: 3 extensions, matched rates 1e-3 and 3e-3 (LNS diverges at 1e-2), 96 runs at about
+# 55 s a run with 2 workers (88-91 min); the committed run took the protocol's first cut, one matched rate
+# (--matched-lrs 3e-3): 72 runs in 66 min.
+# --quick: 8 layers, 40 steps, 2 lrs (both matched), 2 evaluation seeds, no extension: 22 + 36 = 58 short runs.
+FULL = Budget("deep-32x128", None, 180, 64, 8, 4, (1e-3, 3e-3, 1e-2), 3, 20)
+QUICK = Budget("deep-32x128", 8, 40, 64, 8, 4, (3e-3, 1e-2), 2, 10, extensions=0)
+# lr 1e-2 trains and 1e-1 diverges for most schemes within 40 steps (docs/depth_study.md): the grids straddle it
+SWEEP = Budget("deep-32x128", None, 100, 64, 8, 2, (1e-2, 3e-2, 1e-1), 1, 0, depths=(8, 16, 32, 64))
+SWEEP_QUICK = Budget("deep-32x128", None, 40, 64, 4, 1, (1e-2, 1e-1, 1.0), 1, 0, depths=(4, 16))
+
+
+COMPILE_DEFAULT = True
+"""Study runs compile each block unless ``--no-compile``: a default run (180 steps) took 0.74x the eager run's
+wall time on 2 CPU cores, the first compile included (docs/performance.md, "Study run")."""
+
+
+class _Removed(argparse.Action):
+    """A removed flag: parsing fails with the name of its replacement."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option_string: Any = None) -> None:
+        parser.error(f"{option_string} was removed; use {REMOVED_FLAGS[option_string]}")
+
+
+def parser() -> StudyArgumentParser:
+    """The study's options; errors are one line, abbreviations are unrecognized (``StudyArgumentParser``)."""
+    p = StudyArgumentParser(
+        prog="python -m bhyt_pl study",
+        description="Train every norm scheme over seeds with its own learning rate (chosen from --lrs by "
+        "validation loss on the selection seed, which no evaluation seed reuses) and report claims with seed-paired "
+        "95% intervals, depth trajectories, stability columns, LR sensitivity and layer importance (--sweep: "
+        "stability grid over depth x LR).",
+        epilog="python -m bhyt_pl study confirm --pilot DIR: the confirmation stage on a finished study's results "
+        "(python -m bhyt_pl study confirm --help; docs/method.md, section 10).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    mode = p.add_argument_group("mode")
+    mode.add_argument("--quick", action="store_true", help="small budget (at most 10 minutes on 2 CPU cores)")
+    mode.add_argument("--sweep", action="store_true", help="stability sweep: schemes x --depths x --lrs x --seeds")
+    model = p.add_argument_group("model and budget (unset: the mode's default, see docs/depth_study.md)")
+    model.add_argument("--preset", choices=sorted(PRESETS), default=None, help=f"model preset; default {FULL.preset}")
+    model.add_argument("--layers", type=int, default=None, help="override the preset's n_layers (not with --sweep)")
+    model.add_argument(
+        "--override", nargs="*", default=[], metavar="FIELD=VALUE", help="other LlamaConfig fields, e.g. dim=256"
+    )
+    model.add_argument(
+        "--schemes",
+        nargs="+",
+        default=list(DEFAULT_SCHEMES),
+        help="scheme groups, each name[:key=value,...] for any registered scheme; key=v1|v2 is a grid searched "
+        "on the selection seed with the learning rate (e.g. dyt:alpha_attn=0.5|1.0)",
+    )
+    model.add_argument("--steps", type=int, default=None, help=f"optimizer steps per run; default {FULL.steps}")
+    model.add_argument(
+        "--lrs", type=float, nargs="+", default=None, help=f"learning-rate grid; default {' '.join(map(str, FULL.lrs))}"
+    )
+    model.add_argument(
+        "--seeds",
+        type=int,
+        default=None,
+        help=f"evaluation seeds per scheme and rate (init and data order; the selection seed is another one); "
+        f"default {FULL.seeds} (--quick: {QUICK.seeds}; --sweep: seeds per grid cell, {SWEEP.seeds})",
+    )
+    model.add_argument(
+        "--extensions",
+        type=int,
+        default=None,
+        help=f"grid steps a group may add past an edge of --lrs where its best rate sits; default {FULL.extensions} "
+        f"(--quick: {QUICK.extensions})",
+    )
+    model.add_argument(
+        "--matched-lrs",
+        type=float,
+        nargs="+",
+        default=None,
+        help="rates every group trains at with the evaluation seeds (depth claims); default: the two highest --lrs "
+        "rates at which every group trained on the selection seed",
+    )
+    model.add_argument(
+        "--roles",
+        nargs="*",
+        default=[],
+        metavar="ROLE=GROUP",
+        help="map a claim role to a --schemes group (defaults: "
+        + ", ".join(f"{k}={v}" for k, v in DEFAULT_ROLES.items())
+        + ")",
+    )
+    model.add_argument("--depths", type=int, nargs="+", default=None, help=f"sweep depths; default {SWEEP.depths}")
+    model.add_argument(
+        "--warmup-ratio",
+        type=float,
+        default=None,
+        help="linear warmup fraction of the steps; default the scheme's recipe (nGPT: none), else 0.05",
+    )
+    model.add_argument(
+        "--weight-decay",
+        type=float,
+        default=None,
+        help="AdamW weight decay (matrices only); default the scheme's recipe (nGPT: 0), else 0.1",
+    )
+    model.add_argument("--grad-clip", type=float, default=1.0, help="gradient norm clip")
+    model.add_argument(
+        "--max-loss",
+        type=float,
+        default=None,
+        help="divergence bound on the training loss (NaN/inf always diverges); default 1.5 * ln(vocab_size)",
+    )
+    model.add_argument(
+        "--trajectory-every",
+        type=int,
+        default=None,
+        help=f"depth statistics every N steps (0: init and end only); default {FULL.trajectory_every}",
+    )
+    model.add_argument("--no-importance", action="store_true", help="skip the layer-importance measurement")
+    data = p.add_argument_group("data (C4DataModule)")
+    data.add_argument(
+        "--data-files",
+        default="embedded",
+        help="C4-format shards: 'embedded' (bundled corpus), a directory or glob; 'none' streams --data-path",
+    )
+    data.add_argument("--data-path", default="allenai/c4", help="Hub dataset when --data-files none")
+    data.add_argument("--tokenizer", default="embedded", help="'embedded', a tokenizer.json path or a Hub name")
+    data.add_argument("--seq-len", type=int, default=None, help=f"training sequence length; default {FULL.seq_len}")
+    data.add_argument("--batch-size", type=int, default=None, help=f"sequences per step; default {FULL.batch_size}")
+    data.add_argument(
+        "--val-batches",
+        type=int,
+        default=None,
+        help=f"fixed validation batches: validation loss and depth statistics (at least 4); default {FULL.val_batches}",
+    )
+    data.add_argument("--shuffle-buffer", type=int, default=1000, help="documents in the streaming shuffle buffer")
+    data.add_argument("--num-workers", type=int, default=0, help="DataLoader workers")
+    hw = p.add_argument_group("hardware (L.Trainer)")
+    hw.add_argument("--accelerator", default="cpu", help="cpu, gpu, auto, ...")
+    hw.add_argument("--devices", default="1", help="devices per run; more than 1: launch with torchrun")
+    hw.add_argument("--precision", default="32-true", help="32-true, bf16-mixed, ...")
+    hw.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="runs in parallel on this machine (--launcher pool), one process each: on CPU one torch thread each, "
+        "default the CPUs this process may use; with a GPU accelerator one GPU each, default the visible GPUs; "
+        "1: runs one after another in this process",
+    )
+    hw.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=COMPILE_DEFAULT,
+        help="torch.compile each block of every run; --no-compile: eager (docs/performance.md, "
+        "'Study run': speed-up and how far the losses may differ)",
+    )
+    hw.add_argument("--threads", type=int, default=None, help="torch CPU threads with --workers 1 (default: torch's)")
+    hw.add_argument("--progress-bar", action="store_true", help="show Lightning's progress bar")
+    add_launcher_arguments(p)
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help="a YAML file of options (names as the flags', e.g. lrs: [1.0e-3, 3.0e-3]); flags on the command line "
+        "override it; see recipes/study/",
+    )
+    p.add_argument("--out", type=Path, default=None, help="report folder; default runs/study[-sweep][-quick]")
+    p.add_argument("--restart", action="store_true", help="retrain every run (default: resume, reusing finished runs)")
+    p.add_argument(
+        "--report-from",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="rebuild DIR/report.md and its figures from DIR/results.json alone (no training, no run folders); "
+        "every other option is ignored",
+    )
+    estimate.add_arguments(p)
+    for flag in REMOVED_FLAGS:
+        p.add_argument(flag, action=_Removed, help=argparse.SUPPRESS)
+    return p
+
+
+def _literal(text: str) -> Any:
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def _parse_overrides(items: Sequence[str]) -> dict[str, Any]:
+    overrides = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ValueError(f"--override {item!r} must be FIELD=VALUE, e.g. --override dim=256")
+        overrides[key] = _literal(value)
+    return overrides
+
+
+def resolve(args: argparse.Namespace) -> tuple[Budget, dict[str, Any]]:
+    """The budget (mode defaults, then explicit options) and the model overrides; fails early on bad values."""
+    base = (SWEEP_QUICK if args.quick else SWEEP) if args.sweep else (QUICK if args.quick else FULL)
+
+    def pick(name: str, value: Any) -> Any:
+        return value if value is not None else getattr(base, name)
+
+    budget = Budget(
+        preset=args.preset or base.preset,
+        layers=pick("layers", args.layers),
+        steps=pick("steps", args.steps),
+        seq_len=pick("seq_len", args.seq_len),
+        batch_size=pick("batch_size", args.batch_size),
+        val_batches=pick("val_batches", args.val_batches),
+        lrs=tuple(args.lrs) if args.lrs else base.lrs,
+        seeds=pick("seeds", args.seeds),
+        trajectory_every=pick("trajectory_every", args.trajectory_every),
+        depths=tuple(args.depths) if args.depths else base.depths,
+        extensions=pick("extensions", args.extensions),
+    )
+    problems = []
+    for name in ("steps", "seq_len", "batch_size", "val_batches", "seeds"):
+        if getattr(budget, name) < 1:
+            problems.append(f"--{name.replace('_', '-')} must be >= 1, got {getattr(budget, name)}")
+    if not args.sweep and budget.val_batches < 4:
+        problems.append(f"--val-batches must be >= 4 (depth statistics need 4 batches), got {budget.val_batches}")
+    if budget.extensions < 0:
+        problems.append(f"--extensions must be >= 0, got {budget.extensions}")
+    if args.matched_lrs is not None and any(not lr > 0 for lr in args.matched_lrs):
+        problems.append(f"--matched-lrs must be > 0, got {args.matched_lrs}")
+    # rates are compared as run labels write them (6 significant digits): 1e-3 and 0.0010000001 are one rate
+    if args.matched_lrs is not None and len({rate_key(lr) for lr in args.matched_lrs}) != len(args.matched_lrs):
+        problems.append(f"--matched-lrs has duplicates (each would be tested twice): {args.matched_lrs}")
+    for item in args.roles:
+        if "=" not in item:
+            problems.append(f"--roles {item!r} must be ROLE=GROUP, e.g. --roles DyT=dyt:alpha_attn=1.0")
+    if budget.trajectory_every < 0:
+        problems.append(f"--trajectory-every must be >= 0, got {budget.trajectory_every}")
+    if args.workers is not None and args.workers < 1:
+        problems.append(f"--workers must be >= 1, got {args.workers}")
+    if budget.layers is not None and budget.layers < 1:
+        problems.append(f"--layers must be >= 1, got {budget.layers}")
+    if args.sweep and args.layers is not None:
+        problems.append("--layers does not apply to --sweep; give the depths with --depths")
+    if args.sweep and any(d < 1 for d in budget.depths):
+        problems.append(f"--depths must be >= 1, got {budget.depths}")
+    if any(not lr > 0 for lr in budget.lrs):
+        problems.append(f"--lrs must be > 0, got {budget.lrs}")
+    if len({rate_key(lr) for lr in budget.lrs}) != len(budget.lrs):
+        problems.append(f"--lrs has duplicates (rates equal to 6 significant digits share a run label): {budget.lrs}")
+    if args.max_loss is not None and not args.max_loss > 0:
+        problems.append(f"--max-loss must be > 0, got {args.max_loss}")
+    overrides: dict[str, Any] = {}
+    try:
+        overrides = _parse_overrides(args.override)
+    except ValueError as exc:
+        problems.append(str(exc))
+    if budget.layers is not None and not args.sweep:
+        overrides["n_layers"] = budget.layers
+    raise_if_problems("study arguments", problems)
+    config = LlamaConfig.from_name(budget.preset, **overrides)  # unknown fields and bad values fail here
+    if budget.seq_len > config.max_seq_len:
+        raise ValueError(
+            f"--seq-len {budget.seq_len} exceeds the preset's max_seq_len={config.max_seq_len}; "
+            f"raise it with --override max_seq_len={budget.seq_len}"
+        )
+    return budget, overrides
+
+
+def prepare(argv: Sequence[str] = ()) -> StudySetup:
+    """The study ``python -m bhyt_pl study ARGV`` would run, without running it. Bad values raise one
+    ``ValueError`` naming the option; an unparsable command line exits as argparse does."""
+    p = parser()
+    return _setup(p.parse_args(expand_config_files(p, argv)), argv)
+
+
+def _scheme_group(text: str) -> SchemeGroup:
+    """``parse_group``, its errors (an unknown scheme, an argument the scheme does not take, a bad value) as one
+    ``UsageError`` naming the ``--schemes`` entry."""
+    try:
+        return parse_group(text)
+    except (TypeError, ValueError) as exc:  # the scheme's constructor check raises TypeError, as Python's own does
+        raise UsageError(f"--schemes {text!r}: {exc}") from None
+
+
+def _setup(args: argparse.Namespace, argv: Sequence[str]) -> StudySetup:
+    budget, overrides = resolve(args)
+    groups = tuple(_scheme_group(text) for text in args.schemes)
+    labels = [g.label for g in groups]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"--schemes has duplicates: {labels}")
+    check_disjoint(groups)
+    roles = dict(DEFAULT_ROLES)
+    for item in args.roles:
+        role, _, group = item.partition("=")
+        if role not in DEFAULT_ROLES or group not in labels:
+            raise ValueError(f"--roles {item!r}: ROLE must be one of {sorted(DEFAULT_ROLES)} and GROUP one of {labels}")
+        roles[role] = group
+    devices: int | str = int(args.devices) if str(args.devices).isdigit() else args.devices
+    data_files = None if str(args.data_files).lower() == "none" else args.data_files
+    return StudySetup(
+        argv=tuple(argv),
+        args=args,
+        budget=budget,
+        overrides=overrides,
+        groups=groups,
+        roles=roles,
+        base=_base_spec(args, budget, overrides),
+        data=StudyData(
+            data_files,
+            args.data_path,
+            args.tokenizer,
+            budget.seq_len,
+            budget.batch_size,
+            args.num_workers,
+            args.shuffle_buffer,
+        ),  # fmt: skip
+        settings=TrainerSettings(
+            args.accelerator, devices, args.precision, progress_bar=args.progress_bar, compile=args.compile
+        ),
+    )
+
+
+def _base_spec(args: argparse.Namespace, budget: Budget, overrides: dict[str, Any]) -> RunSpec:
+    """The settings every run of one study invocation shares (each run then sets its scheme, rate and seed)."""
+    config = LlamaConfig.from_name(budget.preset, **overrides)
+    return RunSpec(
+        label="base",
+        norm="rmsnorm",
+        preset=budget.preset,
+        overrides=overrides,
+        lr=budget.lrs[0],
+        steps=budget.steps,
+        seed=42,
+        data_seed=42,
+        max_loss=args.max_loss if args.max_loss is not None else 1.5 * math.log(config.vocab_size),
+        warmup_ratio=args.warmup_ratio,
+        weight_decay=args.weight_decay,
+        grad_clip=args.grad_clip,
+        trajectory_every=0 if args.sweep else budget.trajectory_every,
+        stability_every=0 if args.sweep else max(1, budget.trajectory_every or budget.steps),
+        spike_window=max(2, min(32, budget.steps // 4)),
+        importance=not (args.sweep or args.no_importance),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the study; 0 when every run finished or diverged (a result), 1 when a run failed with an error."""
+    from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = parser()
+    try:
+        args = p.parse_args(expand_config_files(p, argv))
+    except SystemExit as exc:  # argparse already printed the message
+        return int(exc.code or 0)
+    except ValueError as exc:  # a --config file that cannot be read or names no option
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        if args.report_from is not None:
+            paths = report_from(args.report_from)
+            log.info("report rebuilt from %s: %s", paths["results"], paths["report"])
+            return 0
+        setup = _setup(args, argv)
+        workers = check_launcher(args)  # bad workers, devices or cluster settings: before any work
+        if args.dry_run:  # the plan and its cost: nothing trained, no folder made
+            return estimate.dry_run(setup, workers)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    # a cluster's jobs find the study folder from another node's working directory
+    out, base = (setup.out if args.launcher == "pool" else setup.out.absolute()), setup.base
+    meta = setup.meta()
+    meta["workers"] = workers
+    invocation = Invocation.resume(out, restart=args.restart)  # the wall time of earlier invocations carries over
+    started = time.perf_counter()
+    batches = setup.validation_batches()
+    unigram = unigram_entropy(setup.data(base.data_seed), batches, 32, setup.config.vocab_size)
+    meta["unigram_loss"] = round(unigram, 4)
+    run = partial(
+        runner.run_one, datamodule_factory=setup.data, val_batches=batches, settings=setup.settings, out_dir=out
+    )
+    try:
+        launcher = make_launcher(args, run, out, workers)
+    except ValueError as exc:  # another driver holds the study folder; SLURM's tools missing
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    results: list[RunResult] = []
+    design = setup.design()
+    record = StudyRecord(meta, results, design)
+    shown: dict[str, Any] = {"counts": None, "at": started}  # the first counts after 10 s without a result
+
+    def on_change(counts: dict[str, int]) -> None:
+        # a cluster's runs queue and start long before one finishes: show how many are queued and running when that
+        # changes, at most every 10 s (results are shown as they are handed back, by on_result)
+        now, waiting = time.perf_counter(), (counts["queued"], counts["running"])
+        if waiting != shown["counts"] and waiting != (0, 0) and now - shown["at"] >= 10:
+            shown.update(counts=waiting, at=now)
+            final = design is None or design.complete
+            line = progress_line(len(results), scheduler.submitted, now - started, len(scheduler.reused), final, counts)
+            log.info(line)
+
+    scheduler = Scheduler(launcher, out, resume=not args.restart, on_change=on_change)
+
+    def on_result(result: RunResult) -> None:
+        results.append(result)
+        elapsed = time.perf_counter() - started
+        # the study plans as it goes (extensions, then the matched arm once every group is selected): the count is
+        # final for a sweep, and for the study once every group's selection is done
+        final = design is None or design.complete
+        counts = scheduler.counts()
+        shown.update(counts=(counts["queued"], counts["running"]), at=time.perf_counter())
+        log.info(progress_line(len(results), scheduler.submitted, elapsed, len(scheduler.reused), final, counts))
+        log.info(
+            "  %s: %s, train loss %.4f, val loss %.4f, %.0f s",
+            result.spec.label,
+            result.status,
+            result.train_loss,
+            result.val_loss,
+            result.wall_seconds,
+        )
+        # the report after every run says it is partial (k of N runs): an interrupted study keeps what it measured
+        invocation.record(meta, len(results), scheduler.submitted, final)
+        if rank_zero_only.rank == 0:  # tables after every run, figures at the end
+            report.write_report(out, record, figures=False)
+
+    finished, paths = False, None
+    try:
+        if design is None:
+            specs = sweep_specs(setup.groups, setup.budget.depths, setup.budget.lrs, setup.budget.seeds, base)
+            results[:] = run_all(specs, scheduler, on_result)
+        else:
+            results[:] = run_depth_study(design, base, scheduler, on_result, matched_lrs=args.matched_lrs)
+        finished = True
+    except KeyboardInterrupt:
+        pass  # reported below, after the partial report is written
+    finally:  # figures once, at the end or on an interrupt, for the runs that finished
+        launcher.close()
+        final = design is None or design.complete
+        outcome = "finished" if finished else "interrupted"
+        invocation.record(meta, len(results), scheduler.submitted, final, outcome)
+        meta["runs_reused"] = len(scheduler.reused)
+        meta["loadavg_at_end"] = loadavg_text()
+        if rank_zero_only.rank == 0 and results:
+            paths = report.write_report(out, record)
+    if not finished:
+        where = interrupted_runs(args.launcher)
+        planned = f"{'' if final else 'at least '}{scheduler.submitted}"
+        kept = f"partial report: {paths['report']}" if paths else "nothing finished, no report written"
+        log.warning("study interrupted after %.0f s, %d of %s runs done; %s", invocation.seconds, len(results),
+                    planned, kept)  # fmt: skip
+        log.warning("%s; the same command resumes it, reusing every finished run", where)
+        return 130
+    if paths is not None:
+        invocations = len(meta["invocations"])
+        total = f" ({meta['wall_seconds']:.0f} s over {invocations} invocations)" if invocations > 1 else ""
+        log.info("study finished in %.0f s%s; report: %s", invocation.seconds, total, paths["report"])
+    failed = [r.spec.label for r in results if r.status == RunStatus.ERROR]
+    if failed:
+        log.error("study: %d run(s) failed (listed in the report): %s", len(failed), ", ".join(failed))
+    return 1 if failed else 0
+
+
+def report_from(folder: Path, figures: bool = True) -> dict[str, Path]:
+    """``report.md`` and (``figures``) the figures of a finished study, rebuilt from ``folder/results.json`` alone
+    (which is read, not written)."""
+    try:
+        record = load(folder)
+    except ValueError as exc:
+        raise ValueError(f"--report-from {str(folder)!r}: {exc}") from exc
+    return report.write_report(folder, record, figures=figures, save=False)

@@ -1,0 +1,242 @@
+"""The confirmation's verdicts (docs/method.md, section 10): each primary test of a frozen plan on the confirmation's
+own runs (never a pilot seed), Holm across the family, and an intersection-union test per paper-level claim."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from bhyt_pl.study.protocol import power, stats
+from bhyt_pl.study.protocol.design import rate_key
+from bhyt_pl.study.protocol.metrics import metric, snapshots, value
+from bhyt_pl.study.protocol.spec import RunResult
+
+__all__ = ["ClaimVerdict", "Evaluation", "FamilyResult", "evaluate", "family_runs", "group_rate", "p_value"]
+
+
+def group_rate(plan: power.Plan) -> float:
+    return float(plan.source["rate"])
+
+
+def family_runs(plan: power.Plan, runs: Iterable[RunResult], group: str) -> dict[int, RunResult]:
+    """``{seed index: run}`` of ``group``'s confirmation runs: its plan candidate at the plan's rate, on the seed
+    indices the plan gave it, which lie above every pilot index. Any other run (a pilot seed, another rate or
+    candidate) is left out, so a verdict never reads the pilot's data."""
+    if group not in plan.group_seeds:
+        return {}
+    # above every pilot index by the plan's construction (power.confirmation_seed_indices); filtered again here so
+    # that no edit of plan.json can let a pilot seed into a verdict
+    indices = {i for i in plan.seed_indices(group) if i > max(plan.pilot_seed_indices, default=-1)}
+    candidate, rate = plan.source["candidates"][group], rate_key(group_rate(plan))
+    return {
+        r.spec.seed_index: r
+        for r in runs
+        if r.spec.group == group
+        and r.spec.candidate == candidate
+        and rate_key(r.spec.lr) == rate
+        and r.spec.seed_index in indices
+    }
+
+
+# ----------------------------------------------------------------------------- the verdicts
+def p_value(diff: stats.Interval, rule: str, margin: float = 0.0) -> float:
+    """The one-sided p-value of a test on the paired difference (``stats.one_sided_p``): ``P(T <= t)`` for
+    ``lower``, ``P(T >= t)`` for ``higher``, against ``+margin`` for ``no_worse``, and the larger of the two
+    one-sided p-values for ``equivalent`` (TOST). NaN with fewer than 2 pairs."""
+    if rule in stats.DIRECTIONS:
+        return stats.one_sided_p(diff, rule)
+    if rule == "no_worse":
+        return stats.one_sided_p(diff, "lower", margin)
+    if rule == "equivalent":
+        return max(stats.one_sided_p(diff, "higher", -margin), stats.one_sided_p(diff, "lower", margin))
+    raise ValueError(f"rule must be one of {stats.RULES}, got {rule!r}")
+
+
+def _verdict(p: float, alpha: float) -> str:
+    if not math.isfinite(p):
+        return stats.UNTESTED
+    return stats.CONFIRMED if p < alpha else stats.NOT_CONFIRMED
+
+
+@dataclass(frozen=True)
+class FamilyResult:
+    """One primary test on the confirmation's seeds.
+
+    Args:
+        planned: its frozen plan row.
+        target_runs, baseline_runs: the run labels it read (the confirmation's seeds only).
+        difference: the paired difference ``d`` on the test's scale, with its two-sided 95 % t-interval.
+        difference_90: the same with the 90 % interval, whose bounds are the one-sided 95 % bounds.
+        p: the one-sided p-value (``p_value``).
+        holm_p: Holm's adjusted p-value across the family; the verdict reads it at the plan's alpha.
+        verdict: ``confirmed``, ``not confirmed`` or ``untested`` (fewer than 2 pairs).
+        over_training: the same test at each trajectory point (uncorrected, descriptive).
+    """
+
+    planned: power.PlannedTest
+    target_runs: tuple[str, ...]
+    baseline_runs: tuple[str, ...]
+    difference: stats.Interval
+    difference_90: stats.Interval
+    p: float
+    holm_p: float
+    verdict: str
+    over_training: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def log(self) -> bool:
+        """Whether ``d`` is an ln ratio (a magnitude or a variance), shown as a geometric-mean ratio."""
+        return metric(self.planned.statistic).log
+
+    @property
+    def one_sided_bound(self) -> float:
+        """The one-sided 95 % bound on the claim's side's far end: the upper bound for ``lower``/``no_worse``,
+        the lower one for ``higher`` (NaN for ``equivalent``, which has two)."""
+        rule = self.planned.rule
+        if rule in ("lower", "no_worse"):
+            return self.difference_90.high
+        return self.difference_90.low if rule == "higher" else math.nan
+
+    def ratio(self, confidence: float = 0.95) -> stats.GeometricMean | None:
+        """The geometric mean of the per-seed ratios with its back-transformed interval (ln-ratio tests only)."""
+        if not self.log:
+            return None
+        ln = self.difference if confidence == 0.95 else self.difference_90
+        return stats.GeometricMean(ln)
+
+    def to_dict(self) -> dict[str, Any]:
+        t = self.planned
+        ratio = self.ratio()
+        return {
+            "name": t.name,
+            "statistic": t.statistic,
+            "scale": "ln ratio" if self.log else "difference",
+            "groups": {"target": t.target, "baseline": t.baseline},
+            "rule": t.rule,
+            "margin": t.margin,
+            "rate": t.rate,
+            "runs": {"target": list(self.target_runs), "baseline": list(self.baseline_runs)},
+            "plan": t.__dict__,
+            "pairs": self.difference.n,
+            "difference_95": self.difference.__dict__,
+            "difference_90": self.difference_90.__dict__,
+            "one_sided_bound_95": self.one_sided_bound,
+            "geometric_mean_ratio_95": ratio.to_dict() if ratio is not None else None,
+            "p_one_sided": self.p,
+            "holm_p": self.holm_p,
+            "verdict": self.verdict,
+            "over_training": list(self.over_training),
+        }
+
+
+@dataclass(frozen=True)
+class ClaimVerdict:
+    """A paper-level claim: its plan row and, when primary, its intersection-union test over the components'
+    Holm-adjusted p-values."""
+
+    planned: power.PlannedClaim
+    iut: stats.IntersectionUnion | None = None
+
+    @property
+    def verdict(self) -> str:
+        return self.iut.verdict if self.iut is not None else power.EXPLORATORY
+
+    def to_dict(self) -> dict[str, Any]:
+        c = self.planned
+        return {
+            "name": c.name,
+            "components": list(c.components),
+            "status": c.status,
+            "reason": c.reason,
+            "plan": {"seeds": c.seeds, "joint_power": c.joint_power},
+            "p_intersection_union": self.iut.p if self.iut is not None else None,
+            "failing": list(self.iut.failing) if self.iut is not None else [],
+            "missing": list(self.iut.missing) if self.iut is not None else [],
+            "verdict": self.verdict,
+        }
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """The family's tests (in the plan's order) and the paper-level claims."""
+
+    tests: tuple[FamilyResult, ...]
+    claims: tuple[ClaimVerdict, ...]
+
+    def test(self, name: str) -> FamilyResult:
+        for t in self.tests:
+            if t.planned.name == name:
+                return t
+        raise ValueError(f"no primary test {name!r}; the family: {[t.planned.name for t in self.tests]}")
+
+
+def _over_training(
+    t: power.PlannedTest, a: Mapping[int, RunResult], b: Mapping[int, RunResult], tokens_per_step: int
+) -> list[dict[str, Any]]:
+    """The test at every step both sides recorded, on the seeds with a snapshot there on both sides."""
+    traj_a = {i: snapshots(r) for i, r in a.items()}
+    traj_b = {i: snapshots(r) for i, r in b.items()}
+    steps = sorted(set().union(*traj_a.values(), set()) & set().union(*traj_b.values(), set()))
+    points = []
+    for step in steps:
+        seeds = sorted(i for i in set(traj_a) & set(traj_b) if step in traj_a[i] and step in traj_b[i])
+        values = stats.paired_differences(
+            {i: value(a[i], t.statistic, traj_a[i][step]) for i in seeds},
+            {i: value(b[i], t.statistic, traj_b[i][step]) for i in seeds},
+        )
+        iv = stats.interval(values)
+        points.append(
+            {
+                "step": step,
+                "tokens": step * tokens_per_step,
+                "n": iv.n,
+                "mean": iv.mean,
+                "low": iv.low,
+                "high": iv.high,
+                "p_one_sided": p_value(iv, t.rule, t.margin),
+            }
+        )
+    return points
+
+
+def evaluate(plan: power.Plan, runs: Iterable[RunResult], tokens_per_step: int = 0) -> Evaluation:
+    """Every primary test of ``plan`` on the confirmation's runs (``family_runs``: never a pilot seed), Holm across
+    them at the plan's alpha, and each paper-level claim: an intersection-union test of its components' adjusted
+    p-values when it is primary, its plan status otherwise."""
+    runs = list(runs)
+    unadjusted = []
+    for t in plan.primary:
+        a, b = family_runs(plan, runs, t.target), family_runs(plan, runs, t.baseline)
+        values = stats.paired_differences(
+            {i: value(r, t.statistic) for i, r in a.items()}, {i: value(r, t.statistic) for i, r in b.items()}
+        )
+        d95 = stats.interval(values)
+        unadjusted.append(
+            FamilyResult(
+                planned=t,
+                target_runs=tuple(a[i].spec.label for i in sorted(a)),
+                baseline_runs=tuple(b[i].spec.label for i in sorted(b)),
+                difference=d95,
+                difference_90=stats.interval(values, 0.90),
+                p=p_value(d95, t.rule, t.margin),
+                holm_p=math.nan,
+                verdict=stats.UNTESTED,
+                over_training=tuple(_over_training(t, a, b, tokens_per_step)),
+            )
+        )
+    adjusted = stats.holm([t.p for t in unadjusted])
+    tests = tuple(
+        replace(t, holm_p=holm_p, verdict=_verdict(holm_p, plan.alpha))
+        for t, holm_p in zip(unadjusted, adjusted, strict=True)
+    )
+    by_name = {t.planned.name: t for t in tests}
+    claims = []
+    for c in plan.claims:
+        if not c.primary:
+            claims.append(ClaimVerdict(c))
+            continue
+        iut = stats.intersection_union({name: by_name[name].holm_p for name in c.components}, plan.alpha)
+        claims.append(ClaimVerdict(c, iut))
+    return Evaluation(tests, tuple(claims))

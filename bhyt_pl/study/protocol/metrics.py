@@ -1,0 +1,143 @@
+"""Per-run scalars the study compares, read from one snapshot of a run (its end, or one trajectory point).
+
+A snapshot is a ``trajectory_point`` record: ``step``, ``val_loss`` and the per-layer
+profile of every statistic recorded along training (``magnitude``, ``variance``, ``median_magnitude``, ...)
+measured on the study's fixed validation batches. The metrics are the validation loss and every summary of every
+per-layer statistic declared in ``bhyt_pl.callbacks.layer_stats`` (``magnitude``, ``magnitude_growth``,
+``variance_growth_slope``, ...), read from the registry when asked: a statistic registered later has its metrics
+at once. Depth-wise growth (docs/method.md, section 10) is read from layer ``q = max(1, L // 4)`` (1-based) to
+the last layer ``L``.
+
+Margins (docs/method.md, section 10 says why): nats for the loss, 0.02 (below most published gaps between
+schemes); each statistic's summaries declare their own (ln units for last-layer values and growth).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from bhyt_pl.callbacks.layer_stats import LayerStatistic, Summary, layer_profile, statistics
+from bhyt_pl.study.protocol.spec import RunResult, RunStatus
+
+__all__ = [
+    "VAL_LOSS",
+    "Metric",
+    "final_snapshot",
+    "metric",
+    "metrics",
+    "snapshots",
+    "trajectory_point",
+    "trajectory_statistics",
+    "value",
+]
+
+Snapshot = Mapping[str, Any]
+
+
+def trajectory_statistics() -> tuple[LayerStatistic, ...]:
+    """The registered statistics a trajectory point records (declared ``trajectory=True``)."""
+    return tuple(s for s in statistics() if s.trajectory)
+
+
+def trajectory_point(step: int, stats: dict[str, float]) -> dict[str, Any]:
+    """The compact record of one trajectory point: the profile of every statistic recorded along training (one
+    value per layer; a statistic of several sites of a layer: their mean), its ``step`` and ``val_loss``."""
+    point: dict[str, Any] = {"step": step}
+    for stat in trajectory_statistics():
+        point[stat.name] = layer_profile(stats, stat.name)
+    point["val_loss"] = stats.get("val_loss", math.nan)
+    return point
+
+
+_DESCRIPTIONS = {
+    "last": "last-layer {name} ({unit})",
+    "growth": "ln({name} at L / at L/4)",
+    "growth_slope": "slope of ln {name} over layers L/4..L",
+    "slope": "slope of ln {name} over layers 2..L",
+    "layer_mean": "{name}, mean over layers ({unit})",
+}
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One per-run scalar.
+
+    Args:
+        name: its name in claims and ``results.json``.
+        description: what it is.
+        read: ``(snapshot, model width) -> value`` on its own scale.
+        log: compared between runs as ``ln(a) - ln(b)`` (a ratio spanning orders of magnitude).
+        margin: equivalence / non-inferiority margin on its comparison scale; None: no such claim on it.
+        statistic, summary: the per-layer statistic and summary it comes from (None for the validation loss).
+    """
+
+    name: str
+    description: str
+    read: Callable[[Snapshot, int], float]
+    log: bool = False
+    margin: float | None = None
+    statistic: LayerStatistic | None = None
+    summary: Summary | None = None
+
+
+VAL_LOSS = Metric("val_loss", "validation loss (nats)", lambda s, d: s.get("val_loss", math.nan), margin=0.02)
+
+
+def _summary_metric(stat: LayerStatistic, summary: Summary) -> Metric:
+    return Metric(
+        summary.metric(stat.name),
+        _DESCRIPTIONS[summary.kind].format(name=stat.name.replace("_", " "), unit=stat.unit),
+        lambda s, d: summary.value(stat.profile(s, d)),
+        summary.log,
+        summary.margin,
+        stat,
+        summary,
+    )
+
+
+def metrics() -> dict[str, Metric]:
+    """Every metric, by name: the validation loss, then each registered statistic's summaries in order."""
+    out = {VAL_LOSS.name: VAL_LOSS}
+    for stat in statistics():
+        for summary in stat.summaries:
+            out[summary.metric(stat.name)] = _summary_metric(stat, summary)
+    return out
+
+
+def metric(name: str) -> Metric:
+    """The metric called ``name`` (``ValueError`` listing every metric otherwise)."""
+    known = metrics()
+    if name not in known:
+        raise ValueError(f"metric must be one of {sorted(known)}, got {name!r}")
+    return known[name]
+
+
+def final_snapshot(r: RunResult) -> dict[str, Any]:
+    """The end-of-training snapshot (the run's final depth statistics and validation loss)."""
+    point = trajectory_point(r.steps_done, r.depth_final)
+    point["val_loss"] = r.val_loss
+    return point
+
+
+def snapshots(r: RunResult) -> dict[int, dict[str, Any]]:
+    """``{step: snapshot}`` over training (``r.trajectory``); empty for a run that did not finish ok."""
+    if r.status != RunStatus.OK:
+        return {}
+    return {int(p["step"]): p for p in r.trajectory}
+
+
+def value(r: RunResult, name: str, snapshot: Snapshot | None = None, compare: bool = True) -> float:
+    """Metric ``name`` of run ``r`` at ``snapshot`` (default: its end), on the comparison scale (ln for a ``log``
+    metric) unless ``compare`` is False; NaN for a run that diverged or failed."""
+    m = metric(name)
+    if r.status != RunStatus.OK:
+        return math.nan
+    x = m.read(final_snapshot(r) if snapshot is None else snapshot, r.dim)
+    if x is None:
+        return math.nan
+    if m.log and compare:
+        return math.log(x) if math.isfinite(x) and x > 0 else math.nan
+    return x

@@ -1,0 +1,1 @@
+"""The documents and figures of a study, rendered from its record alone."""
