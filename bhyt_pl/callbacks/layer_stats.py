@@ -4,7 +4,8 @@ its values over tokens are reduced, and how the depth study summarises, compares
 A declaration (``LayerStatistic``) is all a new statistic needs: ``DepthStatsCollector`` measures it (and
 ``DepthStatsMonitor`` logs it as ``depth/<name>/layer_<ii>`` when ``monitor`` is set), the depth study records its
 profile along training (``trajectory``), turns each of its ``summaries`` into a per-run metric
-(``bhyt_pl.study.protocol.metrics``) that claims can compare within ``margin`` and that the report shows as a column and a
+(``bhyt_pl.study.protocol.metrics``) that claims can compare within ``margin`` and that the report shows as a column
+and a
 panel, and ``python -m bhyt_pl compare`` draws the monitored ones against depth.
 
 Where a statistic is measured (``measure``):

@@ -1,4 +1,5 @@
-"""The confirmation stage (``bhyt_pl.study.cli.confirmation_plan``) on a synthetic pilot whose per-seed differences are set by hand
+"""The confirmation stage (``bhyt_pl.study.cli.confirmation_plan``) on a synthetic pilot whose per-seed differences
+are set by hand
 (``study_fixtures.PILOT_LN_MAGNITUDE``): the candidates read the pilot's evaluation seeds only, the plan's seed count
 against an independent power computation, an infeasible test, run specs on seeds above every pilot seed, verdicts that
 read only the confirmation's seeds, one-sided p-values against scipy's paired t-test, Holm by hand, an

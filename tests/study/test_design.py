@@ -1,4 +1,5 @@
-"""The typed design (``bhyt_pl.study.protocol.design``): scheme groups parsed from ``--schemes``, disjoint candidates, runs
+"""The typed design (``bhyt_pl.study.protocol.design``): scheme groups parsed from ``--schemes``, disjoint candidates,
+runs
 found by key (the rate as run labels write it, never compared as a float), and the design read back from its
 ``to_dict``."""
 

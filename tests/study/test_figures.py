@@ -1,4 +1,5 @@
-"""The report's figures (``bhyt_pl.study.report.figures``): one panel per declared statistic (a statistic registered here
+"""The report's figures (``bhyt_pl.study.report.figures``): one panel per declared statistic (a statistic registered
+here
 gets its own), the plotted lines hold the seed means, and depth figures read every group at the matched rate."""
 
 from __future__ import annotations

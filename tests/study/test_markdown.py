@@ -1,4 +1,5 @@
-"""The report's table machinery (``bhyt_pl.study.report.markdown``): column entries, rows of the wrong width refused, and
+"""The report's table machinery (``bhyt_pl.study.report.markdown``): column entries, rows of the wrong width refused,
+and
 numbers and intervals written one way."""
 
 from __future__ import annotations

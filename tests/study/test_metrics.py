@@ -1,4 +1,5 @@
-"""Per-run metrics (``bhyt_pl.study.protocol.metrics``): the validation loss and every summary of every registered statistic,
+"""Per-run metrics (``bhyt_pl.study.protocol.metrics``): the validation loss and every summary of every registered
+statistic,
 read from a snapshot, on the comparison scale, with their declared margins."""
 
 from __future__ import annotations

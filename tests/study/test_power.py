@@ -1,4 +1,5 @@
-"""The confirmation's power plan (``bhyt_pl.study.protocol.power``) against hand computations and independent references:
+"""The confirmation's power plan (``bhyt_pl.study.protocol.power``) against hand computations and independent
+references:
 the power of a one-sided paired t-test by numerical integration over the sample SD's chi-square (not scipy's
 noncentral t), and by simulation with a fixed seed.
 

@@ -1,4 +1,5 @@
-"""A study's record (``bhyt_pl.study.record.results``): written, read back into typed values, a design recorded before it
+"""A study's record (``bhyt_pl.study.record.results``): written, read back into typed values, a design recorded before
+it
 carried its frame completed from ``meta``, a file that is not a study's record named, and the invocations of a
 resumed study (total wall time, the partial marker until it finishes; an older record as one invocation)."""
 

@@ -1,4 +1,5 @@
-"""The scheduler drives any launcher (``bhyt_pl.study.launch.launcher.Launcher``): a scripted one that batches its starts
+"""The scheduler drives any launcher (``bhyt_pl.study.launch.launcher.Launcher``): a scripted one that batches its
+starts
 and reports runs out of order, running before done, failed without a result, and a run it was never given."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""``python -m bhyt_pl study`` (``bhyt_pl.study.cli.exploration``): a --quick-sized run end to end on a tiny budget (seeds, LR
+"""``python -m bhyt_pl study`` (``bhyt_pl.study.cli.exploration``): a --quick-sized run end to end on a tiny budget
+(seeds, LR
 selection, claims, trajectories, layer importance), resume, divergence detection, a failing run that does not end
 the study, the sweep grid, ``--report-from``, removed flags, argument errors and the setup the bench reuses."""
 

@@ -1,4 +1,5 @@
-"""The report document (``bhyt_pl.study.report.exploration``): the committed study's report rebuilt from its ``results.json``
+"""The report document (``bhyt_pl.study.report.exploration``): the committed study's report rebuilt from its
+``results.json``
 alone, byte for byte, and the sections a fresh record's report holds."""
 
 from __future__ import annotations

@@ -1,10 +1,12 @@
-"""``python -m bhyt_pl study confirm``: the command line of the confirmation stage (``bhyt_pl.study.cli.confirmation_plan``;
+"""``python -m bhyt_pl study confirm``: the command line of the confirmation stage
+(``bhyt_pl.study.cli.confirmation_plan``;
 docs/method.md, section 10, "Confirmation").
 
 It reads the pilot (``--pilot DIR``: a finished exploration's folder), freezes the plan in ``OUT/plan.json`` and
 prints it before any run (``--plan-only`` stops there and writes nothing), then trains the plan's runs through the
 study's ``Scheduler`` with the pilot's data and settings (its command line parsed again by
-``bhyt_pl.study.cli.exploration.prepare``) and writes ``OUT/results.json``, ``OUT/report.md`` and figures after every run.
+``bhyt_pl.study.cli.exploration.prepare``) and writes ``OUT/results.json``, ``OUT/report.md`` and figures after every
+run.
 ``--report-from DIR`` rebuilds a confirmation's report from its ``results.json`` alone.
 
 Examples::

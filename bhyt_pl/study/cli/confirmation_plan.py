@@ -6,12 +6,14 @@ A finished exploration (the *pilot*: ``python -m bhyt_pl study``) has selected e
 and fixed its matched rates; with 3 seed pairs and 43 tests it decides nothing after Holm's adjustment. The
 confirmation decides a small family fixed in advance, on new seeds:
 
-1. **Candidates** from the claims table (``bhyt_pl.study.protocol.claims.CONFIRMATION_ROWS``): every row whose roles have
+1. **Candidates** from the claims table (``bhyt_pl.study.protocol.claims.CONFIRMATION_ROWS``): every row whose roles
+have
    groups, with the pilot's per-seed differences (its evaluation seeds only) on the test's scale; a row marked
    ``primary`` may enter the family, every other row is exploratory with its declared reason (a theorem row whose
    condition fails on the pilot's runs too). The paper-level claims (``PAPER_CLAIMS``) are intersection-union tests
    over them.
-2. **The plan** (``bhyt_pl.study.protocol.power``): which candidates form the family and how many seeds each group trains,
+2. **The plan** (``bhyt_pl.study.protocol.power``): which candidates form the family and how many seeds each group
+trains,
    written to ``OUT/plan.json`` and printed before any run; a restart reads it back and never recomputes it.
 3. **The runs**: only the plan's groups, each with the pilot's candidate, at the matched rate, on seed indices above
    every index the pilot used, with the pilot's settings (model, steps, data), through the study's ``Scheduler``
@@ -36,9 +38,9 @@ from pathlib import Path
 from bhyt_pl.strict_json import loads
 from bhyt_pl.study.protocol import power, stats
 from bhyt_pl.study.protocol.claims import CONDITIONS, CONFIRMATION_ROWS, PAPER_CLAIMS, ClaimSpec, PaperClaimSpec
+from bhyt_pl.study.protocol.confirmation import group_rate
 from bhyt_pl.study.protocol.design import StudyDesign, StudyRuns, rate_key
 from bhyt_pl.study.protocol.metrics import value
-from bhyt_pl.study.protocol.confirmation import group_rate
 from bhyt_pl.study.protocol.plan import evaluation_seeds
 from bhyt_pl.study.protocol.spec import RunResult, RunSpec, run_label
 from bhyt_pl.study.record.confirmation import KIND

@@ -1,6 +1,7 @@
 """``python -m bhyt_pl study --dry-run``: what a study costs before it trains anything.
 
-The depth study plans as it goes (``bhyt_pl.study.launch.execution``): grid extensions when a group's best rate sits at an
+The depth study plans as it goes (``bhyt_pl.study.launch.execution``): grid extensions when a group's best rate sits
+at an
 edge, the matched arm once every group is selected. Its run count is therefore a range, derived from the
 protocol's rules (``run_range``):
 

@@ -4,7 +4,8 @@
   this process with ``--workers 1``); with a GPU accelerator each worker owns one GPU (``bhyt_pl.study.launch.pool``).
 - ``local``: every run is a job of submitit's local executor: a process of its own that survives this driver,
   checkpoints on preemption and is found again by a restarted driver; the same code path as a cluster.
-- ``slurm``: every run is a SLURM job (job arrays), submitted with submitit (``bhyt_pl.study.launch.submitit_launcher``).
+- ``slurm``: every run is a SLURM job (job arrays), submitted with submitit
+(``bhyt_pl.study.launch.submitit_launcher``).
 
 The cluster options follow submitit's ``AutoExecutor`` names (``ClusterSettings``). This module turns the parsed
 options into a ``Launcher`` for the study's scheduler; ``study`` and ``study confirm`` share it.

@@ -1,4 +1,5 @@
-"""The two launchers that train a study's runs on this machine (``bhyt_pl.study.launch.launcher.Launcher``), and how many
+"""The two launchers that train a study's runs on this machine (``bhyt_pl.study.launch.launcher.Launcher``), and how
+many
 local workers a study gets (``local_workers``):
 
 - ``InlineLauncher`` (``--workers 1``): each run in this process, one per ``poll``: nothing is pickled, and a

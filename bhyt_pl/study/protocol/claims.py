@@ -60,7 +60,8 @@ class ClaimSpec:
         statement: the claim in the project's words.
         source: the paper statement it tests (``abstract``, ``Figure 3``, ``Table 1``, ``theorem``).
         target, baseline: the roles compared (``d = target - baseline``).
-        metric: a ``bhyt_pl.study.protocol.metrics`` name: ``val_loss`` or a summary of a registered per-layer statistic.
+        metric: a ``bhyt_pl.study.protocol.metrics`` name: ``val_loss`` or a summary of a registered per-layer
+        statistic.
         arm: ``best`` or ``matched``.
         rule: ``lower``, ``higher``, ``no_worse`` or ``equivalent`` (``stats.rule_p_values``).
         margin: for ``no_worse`` and ``equivalent``; default the metric's own (its statistic's declaration).

@@ -1,5 +1,7 @@
-"""The study's report document: ``report.md`` put together from the tables (``bhyt_pl.study.report.tables``), the figures
-(``bhyt_pl.study.report.figures``) and the prose between them, and ``results.json`` (``bhyt_pl.study.record.results``) with the
+"""The study's report document: ``report.md`` put together from the tables (``bhyt_pl.study.report.tables``), the
+figures
+(``bhyt_pl.study.report.figures``) and the prose between them, and ``results.json`` (``bhyt_pl.study.record.results``)
+with the
 claims as evaluated (``bhyt_pl.study.protocol.claims``, docs/method.md, section 10).
 
 Everything here reads a ``StudyRecord`` and nothing else, so ``python -m bhyt_pl study --report-from DIR`` rebuilds

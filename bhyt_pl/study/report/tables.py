@@ -1,7 +1,8 @@
 """The study report's tables, each a list of ``Column`` entries over its rows (``bhyt_pl.study.report.markdown``).
 
 Seed aggregation and verdicts come from ``bhyt_pl.study.protocol.stats``; the claims are evaluated in
-``bhyt_pl.study.protocol.claims``. The per-scheme tables take one column per summary of every registered per-layer statistic
+``bhyt_pl.study.protocol.claims``. The per-scheme tables take one column per summary of every registered per-layer
+statistic
 (``bhyt_pl.callbacks.layer_stats``): a statistic declared there shows here without an edit. A cell is the mean
 [95% t-interval] (min-max) over the evaluation seeds, on the scale the claims test: a statistic compared as an ln
 ratio (a magnitude, a variance) is a geometric mean with its interval back-transformed from the ln scale, so no

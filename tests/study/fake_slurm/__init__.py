@@ -1,2 +1,3 @@
-"""Test infrastructure for ``bhyt_pl.study.launch.submitit_launcher``: a fake SLURM on PATH (``cluster``) and picklable run
+"""Test infrastructure for ``bhyt_pl.study.launch.submitit_launcher``: a fake SLURM on PATH (``cluster``) and
+picklable run
 functions that jobs import (``jobs``); the jobs find this package through ``PYTHONPATH``."""
