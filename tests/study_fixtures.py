@@ -144,7 +144,10 @@ def write_pilot(folder, ln_magnitude: Mapping[str, Sequence[float]] | None = Non
     from pathlib import Path
 
     from bhyt_pl.study.protocol.design import parse_group
+    from bhyt_pl.study.protocol.spec import TrainerSettings
     from bhyt_pl.study.record.results import StudyRecord
+    from bhyt_pl.study.record.setup import RecordedSetup
+    from bhyt_pl.study.run.data import StudyData
 
     ln_magnitude = ln_magnitude or PILOT_LN_MAGNITUDE
     steps = spec_fields.pop("steps", 10)
@@ -172,6 +175,10 @@ def write_pilot(folder, ln_magnitude: Mapping[str, Sequence[float]] | None = Non
     }
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    document = StudyRecord(meta, runs, design).to_dict()
+    # the setup PILOT_COMMAND resolves to, as the exploration records it
+    setup = RecordedSetup(
+        StudyData("embedded", "allenai/c4", "embedded", 32, 2, 0, 4), 4, TrainerSettings(compile=False), meta["roles"]
+    )
+    document = StudyRecord("exploration", meta, runs, setup, design).to_dict()
     (folder / "results.json").write_text(json.dumps(document, indent=1, default=str))
     return folder

@@ -9,8 +9,9 @@ import pytest
 import yaml
 
 from bhyt_pl.errors import UsageError
+from bhyt_pl.study import main
 from bhyt_pl.study.cli.config_file import expand_config_files
-from bhyt_pl.study.cli.exploration import main, parser, prepare
+from bhyt_pl.study.cli.exploration import parser, prepare
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes" / "study"
 

@@ -15,9 +15,9 @@ from study_fixtures import layer_run, write_pilot
 
 from bhyt_pl.study import main
 from bhyt_pl.study.cli import confirmation_plan as confirm
-from bhyt_pl.study.cli.confirmation import report_from
+from bhyt_pl.study.cli.driver import report_from
 from bhyt_pl.study.protocol.spec import RunResult, RunSpec, run_dirname
-from bhyt_pl.study.record.confirmation import load as load_confirmation
+from bhyt_pl.study.record.results import load as load_confirmation
 from bhyt_pl.study.run import runner
 
 
@@ -67,7 +67,7 @@ def test_confirm_trains_the_planned_runs_and_leaves_the_pilot_alone(
     assert _digest(pilot / "results.json") == before
     assert sorted(p.name for p in pilot.iterdir()) == ["confirmation", "results.json"]
     document = json.loads((out / "results.json").read_text())
-    assert document["meta"]["kind"] == "confirmation" and document["meta"]["pilot_results_sha256"] == before
+    assert document["kind"] == "confirmation" and document["meta"]["pilot_results_sha256"] == before
     for key in ("command", "wall_seconds", "loadavg_at_start", "loadavg_at_end", "machine", "runs_reused"):
         assert key in document["meta"], key
     assert [t["name"] for t in document["family"]] == [t.name for t in plan.primary]

@@ -14,7 +14,9 @@ from study_fixtures import layer_run, pilot_spec, write_pilot
 from bhyt_pl.study.cli import confirmation_plan as confirm
 from bhyt_pl.study.protocol import power, stats
 from bhyt_pl.study.protocol.confirmation import Evaluation, FamilyResult, p_value
-from bhyt_pl.study.record.confirmation import KIND, ConfirmationRecord
+from bhyt_pl.study.record.results import StudyRecord
+
+KIND = "confirmation"
 from bhyt_pl.study.report.confirmation import (
     declared_family_table,
     declared_rows_table,
@@ -86,7 +88,7 @@ def test_groups_are_geometric_means_over_the_confirmations_seeds_only(tmp_path: 
     runs += [layer_run(pilot_spec("bhyt", i), 9.0) for i in (1, 2, 3)]  # pilot seeds: never in a confirmation table
     assert stats.interval(list(magnitudes.values())).low < 0
     geometric = stats.geometric_mean(list(magnitudes.values()))
-    text = groups_table(ConfirmationRecord({"kind": KIND}, plan, runs))
+    text = groups_table(StudyRecord(KIND, {}, runs, plan=plan))
     row = next(line for line in text.splitlines() if line.startswith("| bhyt |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     from bhyt_pl.study.report.markdown import num
@@ -104,7 +106,7 @@ def test_the_report_holds_every_section_and_save_false_writes_no_record(tmp_path
     pilot = confirm.load_pilot(write_pilot(tmp_path / "pilot"))
     plan = confirm.make_confirmation_plan(pilot, pilot.rate(), 12)
     runs = [layer_run(s, 0.5 if s.group == "bhyt" else 2.0) for s in confirm.confirmation_specs(plan, pilot)]
-    record = ConfirmationRecord({"kind": KIND, "command": "c", "rate": 3e-3}, plan, runs)
+    record = StudyRecord(KIND, {"command": "c", "rate": 3e-3}, runs, plan=plan)
     paths = write_report(tmp_path / "out", record, figures=False, save=False)
     text = paths["report"].read_text()
     assert not paths["results"].exists()

@@ -15,6 +15,7 @@ import pytest
 
 from bhyt_pl.config import LlamaConfig
 from bhyt_pl.errors import UsageError
+from bhyt_pl.study import main as study_main
 from bhyt_pl.study.cli import estimate
 from bhyt_pl.study.cli import exploration as command
 from bhyt_pl.study.launch.execution import run_depth_study
@@ -181,7 +182,7 @@ def test_dry_run_trains_and_writes_nothing(
     argv = [*TINY, *SMALL, "--probe-steps", "2", "--workers", "2", "--out", str(tmp_path / "study"), "--dry-run"]
     levels = [logging.getLogger(name).level for name in estimate.LIGHTNING_LOGGERS]
     with caplog.at_level(logging.INFO):
-        assert command.main(argv) == 0
+        assert study_main(argv) == 0
     assert list(tmp_path.iterdir()) == []  # no study folder, no lightning_logs, no checkpoint
     captured = capsys.readouterr()
     text = captured.out
@@ -209,5 +210,5 @@ def test_quiet_lightning_holds_back_info_lines_only_and_restores_the_levels(capl
 
 
 def test_a_bad_estimate_option_exits_2_before_any_work(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert command.main(["--dry-run", "--mfu", "0", "--out", str(tmp_path / "s")]) == 2
+    assert study_main(["--dry-run", "--mfu", "0", "--out", str(tmp_path / "s")]) == 2
     assert "--mfu must be in (0, 1]" in capsys.readouterr().err and not (tmp_path / "s").exists()

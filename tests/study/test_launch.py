@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from bhyt_pl.errors import UsageError
-from bhyt_pl.study.cli.exploration import main, parser
+from bhyt_pl.study import main
+from bhyt_pl.study.cli.exploration import parser
 from bhyt_pl.study.launch.options import check_launcher, cluster_settings, make_launcher, study_name
 from bhyt_pl.study.launch.pool import InlineLauncher, ProcessPoolLauncher
 from bhyt_pl.study.launch.submitit_launcher import SubmititLauncher

@@ -12,7 +12,8 @@ import pytest
 from study_fixtures import synthetic
 
 from bhyt_pl.study.protocol.design import Selection, StudyDesign, StudyRuns, parse_group
-from bhyt_pl.study.record.results import Invocation, StudyRecord, load
+from bhyt_pl.study.record.invocation import Invocation
+from bhyt_pl.study.record.results import StudyRecord, load
 
 
 def _record() -> StudyRecord:
@@ -24,7 +25,9 @@ def _record() -> StudyRecord:
         selections[group] = Selection(group, chosen, (chosen,))
     groups = (parse_group("rmsnorm"), parse_group("bhyt"))
     design = StudyDesign(groups, (1e-3, 3e-3), 2, 1, selections, (3e-3,), "given with --matched-lrs")
-    return StudyRecord({"command": "python -m bhyt_pl study", "schemes": ["rmsnorm", "bhyt"]}, runs, design)
+    return StudyRecord(
+        "exploration", {"command": "python -m bhyt_pl study", "schemes": ["rmsnorm", "bhyt"]}, runs, design=design
+    )
 
 
 def test_a_record_reads_back_from_its_file(tmp_path: Path) -> None:
@@ -38,7 +41,7 @@ def test_a_record_reads_back_from_its_file(tmp_path: Path) -> None:
     assert back.design.kept("bhyt").chosen.spec.label == "bhyt@lr0.003-s0"
     assert json.dumps([r.to_dict() for r in back.runs]) == json.dumps([r.to_dict() for r in record.runs])
     assert back.design.evaluation_runs(StudyRuns(back.runs), "bhyt")[1].spec.label == "bhyt@lr0.003-s2"
-    sweep = StudyRecord({"mode": "study-sweep"}, record.runs)
+    sweep = StudyRecord("exploration", {"mode": "study-sweep"}, record.runs)
     assert list(sweep.to_dict()) == ["meta", "runs"] and StudyRecord.from_dict(sweep.to_dict()).sweep
 
 

@@ -12,8 +12,9 @@ from pathlib import Path
 
 from study_fixtures import synthetic_set, write_pilot
 
-from bhyt_pl.study.cli.exploration import report_from
-from bhyt_pl.study.record.results import Invocation, StudyRecord, load
+from bhyt_pl.study.cli.driver import report_from
+from bhyt_pl.study.record.invocation import Invocation
+from bhyt_pl.study.record.results import StudyRecord, load
 from bhyt_pl.study.report.exploration import write_report
 
 COMMITTED = Path(__file__).resolve().parents[2] / "docs" / "depth_study"
@@ -48,7 +49,7 @@ META = {
 
 def test_a_records_report_has_every_section_and_its_results_hold_the_claims(tmp_path: Path) -> None:
     results, design = synthetic_set()
-    paths = write_report(tmp_path, StudyRecord(dict(META), results, design), figures=False)
+    paths = write_report(tmp_path, StudyRecord("exploration", dict(META), results, design=design), figures=False)
     text = paths["report"].read_text()
     sections = [line for line in text.splitlines() if line.startswith("## ")]
     assert sections == [
@@ -79,12 +80,16 @@ def test_failed_runs_get_a_section_naming_each_with_its_error(tmp_path: Path) ->
     ]
     failed.append(dataclasses.replace(results[1], status="error", error=None))
     rest = results[2:]
-    text = write_report(tmp_path, StudyRecord(dict(META), failed + rest, design), figures=False)["report"].read_text()
+    text = write_report(tmp_path, StudyRecord("exploration", dict(META), failed + rest, design=design), figures=False)[
+        "report"
+    ].read_text()
     head = text.split("## Design")[0]
     assert f"## Failed runs (2 of {len(results)})" in head
     assert f"| `{results[0].spec.label}` | RuntimeError: CUDA \\| out of memory |" in head  # the last line, escaped
     assert f"| `{results[1].spec.label}` | no error recorded |" in head
-    clean = write_report(tmp_path / "clean", StudyRecord(dict(META), results, design), figures=False)["report"]
+    clean = write_report(
+        tmp_path / "clean", StudyRecord("exploration", dict(META), results, design=design), figures=False
+    )["report"]
     assert "## Failed runs" not in clean.read_text()
 
 

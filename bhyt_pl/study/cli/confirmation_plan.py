@@ -35,7 +35,6 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 
-from bhyt_pl.strict_json import loads
 from bhyt_pl.study.protocol import power, stats
 from bhyt_pl.study.protocol.claims import CONDITIONS, CONFIRMATION_ROWS, PAPER_CLAIMS, ClaimSpec, PaperClaimSpec
 from bhyt_pl.study.protocol.confirmation import group_rate
@@ -43,12 +42,10 @@ from bhyt_pl.study.protocol.design import StudyDesign, StudyRuns, rate_key
 from bhyt_pl.study.protocol.metrics import value
 from bhyt_pl.study.protocol.plan import evaluation_seeds
 from bhyt_pl.study.protocol.spec import RunResult, RunSpec, run_label
-from bhyt_pl.study.record.confirmation import KIND
-from bhyt_pl.study.record.results import StudyRecord
+from bhyt_pl.study.record.results import RESULTS_FILE, StudyRecord, load
 from bhyt_pl.validation import raise_if_problems
 
 __all__ = [
-    "COMMAND_PREFIX",
     "PLAN_FILE",
     "Pilot",
     "candidates",
@@ -61,8 +58,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 PLAN_FILE = "plan.json"
-COMMAND_PREFIX = "python -m bhyt_pl study "
-"""How a study's ``meta["command"]`` starts; the rest is the pilot's command line, parsed again for its settings."""
 
 
 # ----------------------------------------------------------------------------- the pilot
@@ -112,18 +107,17 @@ class Pilot:
 
 def load_pilot(folder: Path) -> Pilot:
     """The exploration in ``folder`` (its ``results.json``); a ``ValueError`` naming what is missing otherwise."""
-    path = Path(folder) / "results.json"
+    path = Path(folder) / RESULTS_FILE
     try:
         raw = path.read_bytes()
-        data = loads(raw)
+        record = load(path)
     except (OSError, ValueError) as exc:
         raise ValueError(
             f"--pilot {str(folder)!r}: cannot read its results.json ({exc}); give the folder of a "
             "finished exploration (python -m bhyt_pl study --out DIR)"
         ) from exc
-    if isinstance(data, dict) and data.get("meta", {}).get("kind") == KIND:
-        raise ValueError(f"--pilot {str(folder)!r} is a confirmation's folder; give the exploration's")
-    record = StudyRecord.from_dict(data)
+    if record.kind != "exploration":
+        raise ValueError(f"--pilot {str(folder)!r} is a {record.kind}'s folder; give the exploration's")
     problems = []
     if record.design is None:
         problems.append("it is a stability sweep (no design); the confirmation needs a depth study")
@@ -135,10 +129,8 @@ def load_pilot(folder: Path) -> Pilot:
             problems.append("it has no matched rate")
         if record.design.n_seeds < 2:
             problems.append(f"it has {record.design.n_seeds} evaluation seed(s); a pilot interval needs 2")
-    if not str(record.meta.get("command", "")).startswith(COMMAND_PREFIX):
-        problems.append(
-            f"its meta has no study command to rebuild its settings from (got {record.meta.get('command')!r})"
-        )
+    if record.setup is None:
+        problems.append("its record holds no setup (data, validation batches, trainer settings) to train with")
     raise_if_problems(f"pilot {str(folder)!r}", problems)
     return Pilot(Path(folder), record, hashlib.sha256(raw).hexdigest())
 

@@ -13,9 +13,9 @@ Stability sweep (``--sweep``): schemes x ``--depths`` x ``--lrs`` x seeds; ``rep
 
 ``--report-from DIR`` rebuilds ``DIR/report.md`` and its figures from ``DIR/results.json`` alone.
 
-This module parses the command line into a ``StudySetup`` (``prepare``) and runs it (``main``): the protocol
-drivers are in ``bhyt_pl.study.launch.execution``, the scheduler in ``bhyt_pl.study.launch.scheduler``, the launchers in
-``bhyt_pl.study.launch.pool``, the report in ``bhyt_pl.study.report.exploration``.
+This module is the exploration as a kind of study (``ExplorationKind``): its options, its setup (``prepare``, a
+``StudySetup``), its plan and its document; the shared driver (``bhyt_pl.study.cli.driver``) runs it. The protocol
+drivers are in ``bhyt_pl.study.launch.execution``, the report in ``bhyt_pl.study.report.exploration``.
 
 Examples::
 
@@ -32,31 +32,28 @@ import argparse
 import ast
 import logging
 import math
-import sys
-import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from bhyt_pl.config import PRESETS, LlamaConfig
 from bhyt_pl.errors import UsageError
 from bhyt_pl.study.cli import estimate
-from bhyt_pl.study.cli.arguments import StudyArgumentParser
 from bhyt_pl.study.cli.config_file import expand_config_files
-from bhyt_pl.study.cli.setup import Budget, StudySetup, loadavg_text
+from bhyt_pl.study.cli.arguments import StudyArgumentParser
+from bhyt_pl.study.cli.kinds import OnResult, PreparedStudy, StudyKind, register_kind, study_parser
+from bhyt_pl.study.cli.setup import Budget, StudySetup
 from bhyt_pl.study.launch.execution import run_all, run_depth_study
-from bhyt_pl.study.launch.options import add_launcher_arguments, check_launcher, interrupted_runs, make_launcher
-from bhyt_pl.study.launch.scheduler import Scheduler, progress_line
-from bhyt_pl.study.protocol.design import SchemeGroup, check_disjoint, parse_group, rate_key
+from bhyt_pl.study.launch.scheduler import Scheduler
+from bhyt_pl.study.protocol.claims import evaluate
+from bhyt_pl.study.protocol.design import SchemeGroup, StudyRuns, check_disjoint, parse_group, rate_key
 from bhyt_pl.study.protocol.plan import sweep_specs
-from bhyt_pl.study.protocol.spec import RunResult, RunSpec, RunStatus, TrainerSettings
-from bhyt_pl.study.record.results import Invocation, StudyRecord, load
+from bhyt_pl.study.protocol.spec import RunResult, RunSpec, TrainerSettings
+from bhyt_pl.study.record.results import StudyRecord
+from bhyt_pl.study.record.setup import RecordedSetup
 from bhyt_pl.study.report import exploration as report
-from bhyt_pl.study.run import runner
-from bhyt_pl.study.run.data import StudyData, unigram_entropy
+from bhyt_pl.study.run.data import Batch, StudyData, unigram_entropy
 from bhyt_pl.validation import raise_if_problems
 
 __all__ = [
@@ -69,10 +66,11 @@ __all__ = [
     "SWEEP_QUICK",
     "Budget",
     "StudySetup",
-    "main",
+    "EXPLORATION",
+    "ExplorationKind",
+    "add_arguments",
     "parser",
     "prepare",
-    "report_from",
 ]
 
 log = logging.getLogger(__name__)
@@ -145,18 +143,9 @@ class _Removed(argparse.Action):
         parser.error(f"{option_string} was removed; use {REMOVED_FLAGS[option_string]}")
 
 
-def parser() -> StudyArgumentParser:
-    """The study's options; errors are one line, abbreviations are unrecognized (``StudyArgumentParser``)."""
-    p = StudyArgumentParser(
-        prog="python -m bhyt_pl study",
-        description="Train every norm scheme over seeds with its own learning rate (chosen from --lrs by "
-        "validation loss on the selection seed, which no evaluation seed reuses) and report claims with seed-paired "
-        "95% intervals, depth trajectories, stability columns, LR sensitivity and layer importance (--sweep: "
-        "stability grid over depth x LR).",
-        epilog="python -m bhyt_pl study confirm --pilot DIR: the confirmation stage on a finished study's results "
-        "(python -m bhyt_pl study confirm --help; docs/method.md, section 10).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The exploration's options (the driver adds the launcher's, ``--out``, ``--restart``, ``--config``, ``--threads``
+    and ``--report-from``)."""
     mode = p.add_argument_group("mode")
     mode.add_argument("--quick", action="store_true", help="small budget (at most 10 minutes on 2 CPU cores)")
     mode.add_argument("--sweep", action="store_true", help="stability sweep: schemes x --depths x --lrs x --seeds")
@@ -272,29 +261,10 @@ def parser() -> StudyArgumentParser:
         help="torch.compile each block of every run; --no-compile: eager (docs/performance.md, "
         "'Study run': speed-up and how far the losses may differ)",
     )
-    hw.add_argument("--threads", type=int, default=None, help="torch CPU threads with --workers 1 (default: torch's)")
     hw.add_argument("--progress-bar", action="store_true", help="show Lightning's progress bar")
-    add_launcher_arguments(p)
-    p.add_argument(
-        "--config",
-        metavar="FILE",
-        help="a YAML file of options (names as the flags', e.g. lrs: [1.0e-3, 3.0e-3]); flags on the command line "
-        "override it; see recipes/study/",
-    )
-    p.add_argument("--out", type=Path, default=None, help="report folder; default runs/study[-sweep][-quick]")
-    p.add_argument("--restart", action="store_true", help="retrain every run (default: resume, reusing finished runs)")
-    p.add_argument(
-        "--report-from",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="rebuild DIR/report.md and its figures from DIR/results.json alone (no training, no run folders); "
-        "every other option is ignored",
-    )
     estimate.add_arguments(p)
     for flag in REMOVED_FLAGS:
         p.add_argument(flag, action=_Removed, help=argparse.SUPPRESS)
-    return p
 
 
 def _literal(text: str) -> Any:
@@ -386,7 +356,7 @@ def resolve(args: argparse.Namespace) -> tuple[Budget, dict[str, Any]]:
 def prepare(argv: Sequence[str] = ()) -> StudySetup:
     """The study ``python -m bhyt_pl study ARGV`` would run, without running it. Bad values raise one
     ``ValueError`` naming the option; an unparsable command line exits as argparse does."""
-    p = parser()
+    p = study_parser(EXPLORATION)
     return _setup(p.parse_args(expand_config_files(p, argv)), argv)
 
 
@@ -460,132 +430,73 @@ def _base_spec(args: argparse.Namespace, budget: Budget, overrides: dict[str, An
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the study; 0 when every run finished or diverged (a result), 1 when a run failed with an error."""
-    from lightning.pytorch.utilities.rank_zero import rank_zero_only
+class ExplorationKind(StudyKind):
+    """The exploration: every scheme group over seeds at its own selected rate and at the matched rates (protocol
+    v3, ``bhyt_pl.study.launch.execution``), or the stability sweep (``--sweep``); its document is
+    ``bhyt_pl.study.report.exploration``."""
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    p = parser()
-    try:
-        args = p.parse_args(expand_config_files(p, argv))
-    except SystemExit as exc:  # argparse already printed the message
-        return int(exc.code or 0)
-    except ValueError as exc:  # a --config file that cannot be read or names no option
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
-        if args.report_from is not None:
-            paths = report_from(args.report_from)
-            log.info("report rebuilt from %s: %s", paths["results"], paths["report"])
-            return 0
-        setup = _setup(args, argv)
-        workers = check_launcher(args)  # bad workers, devices or cluster settings: before any work
-        if args.dry_run:  # the plan and its cost: nothing trained, no folder made
-            return estimate.dry_run(setup, workers)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    # a cluster's jobs find the study folder from another node's working directory
-    out, base = (setup.out if args.launcher == "pool" else setup.out.absolute()), setup.base
-    meta = setup.meta()
-    meta["workers"] = workers
-    invocation = Invocation.resume(out, restart=args.restart)  # the wall time of earlier invocations carries over
-    started = time.perf_counter()
-    batches = setup.validation_batches()
-    unigram = unigram_entropy(setup.data(base.data_seed), batches, 32, setup.config.vocab_size)
-    meta["unigram_loss"] = round(unigram, 4)
-    run = partial(
-        runner.run_one, datamodule_factory=setup.data, val_batches=batches, settings=setup.settings, out_dir=out
+    name = "exploration"
+    command = ""
+    description = (
+        "Train every norm scheme over seeds with its own learning rate (chosen from --lrs by validation loss on the "
+        "selection seed, which no evaluation seed reuses) and report claims with seed-paired 95% intervals, depth "
+        "trajectories, stability columns, LR sensitivity and layer importance (--sweep: stability grid over depth x "
+        "LR)."
     )
-    try:
-        launcher = make_launcher(args, run, out, workers)
-    except ValueError as exc:  # another driver holds the study folder; SLURM's tools missing
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    results: list[RunResult] = []
-    design = setup.design()
-    record = StudyRecord(meta, results, design)
-    shown: dict[str, Any] = {"counts": None, "at": started}  # the first counts after 10 s without a result
+    epilog = (
+        "python -m bhyt_pl study confirm --pilot DIR: the confirmation stage on a finished study's results "
+        "(python -m bhyt_pl study confirm --help; docs/method.md, section 10)."
+    )
 
-    def on_change(counts: dict[str, int]) -> None:
-        # a cluster's runs queue and start long before one finishes: show how many are queued and running when that
-        # changes, at most every 10 s (results are shown as they are handed back, by on_result)
-        now, waiting = time.perf_counter(), (counts["queued"], counts["running"])
-        if waiting != shown["counts"] and waiting != (0, 0) and now - shown["at"] >= 10:
-            shown.update(counts=waiting, at=now)
-            final = design is None or design.complete
-            line = progress_line(len(results), scheduler.submitted, now - started, len(scheduler.reused), final, counts)
-            log.info(line)
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        add_arguments(parser)
 
-    scheduler = Scheduler(launcher, out, resume=not args.restart, on_change=on_change)
+    def prepare(self, values: Mapping[str, object], argv: Sequence[str]) -> PreparedStudy:
+        setup = _setup(argparse.Namespace(**values), argv)
+        meta = setup.meta()
+        design = setup.design()
+        base, budget = setup.base, setup.budget
+        recorded = RecordedSetup(setup.data, budget.val_batches, setup.settings, dict(meta["roles"]))
+        record = StudyRecord(self.name, meta, [], recorded, design)
 
-    def on_result(result: RunResult) -> None:
-        results.append(result)
-        elapsed = time.perf_counter() - started
-        # the study plans as it goes (extensions, then the matched arm once every group is selected): the count is
-        # final for a sweep, and for the study once every group's selection is done
-        final = design is None or design.complete
-        counts = scheduler.counts()
-        shown.update(counts=(counts["queued"], counts["running"]), at=time.perf_counter())
-        log.info(progress_line(len(results), scheduler.submitted, elapsed, len(scheduler.reused), final, counts))
-        log.info(
-            "  %s: %s, train loss %.4f, val loss %.4f, %.0f s",
-            result.spec.label,
-            result.status,
-            result.train_loss,
-            result.val_loss,
-            result.wall_seconds,
+        def on_start(batches: list[Batch]) -> None:
+            unigram = unigram_entropy(setup.data(base.data_seed), batches, 32, setup.config.vocab_size)
+            meta["unigram_loss"] = round(unigram, 4)
+
+        def execute(scheduler: Scheduler, on_result: OnResult) -> list[RunResult]:
+            if design is None:
+                specs = sweep_specs(setup.groups, budget.depths, budget.lrs, budget.seeds, base)
+                return run_all(specs, scheduler, on_result)
+            return run_depth_study(design, base, scheduler, on_result, matched_lrs=setup.args.matched_lrs)
+
+        return PreparedStudy(
+            out=setup.out,
+            record=record,
+            base_data_seed=base.data_seed,
+            execute=execute,
+            final=lambda: design is None or design.complete,
+            dry_run=partial(estimate.dry_run, setup),
+            on_start=on_start,
         )
-        # the report after every run says it is partial (k of N runs): an interrupted study keeps what it measured
-        invocation.record(meta, len(results), scheduler.submitted, final)
-        if rank_zero_only.rank == 0:  # tables after every run, figures at the end
-            report.write_report(out, record, figures=False)
 
-    finished, paths = False, None
-    try:
-        if design is None:
-            specs = sweep_specs(setup.groups, setup.budget.depths, setup.budget.lrs, setup.budget.seeds, base)
-            results[:] = run_all(specs, scheduler, on_result)
-        else:
-            results[:] = run_depth_study(design, base, scheduler, on_result, matched_lrs=args.matched_lrs)
-        finished = True
-    except KeyboardInterrupt:
-        pass  # reported below, after the partial report is written
-    finally:  # figures once, at the end or on an interrupt, for the runs that finished
-        launcher.close()
-        final = design is None or design.complete
-        outcome = "finished" if finished else "interrupted"
-        invocation.record(meta, len(results), scheduler.submitted, final, outcome)
-        meta["runs_reused"] = len(scheduler.reused)
-        meta["loadavg_at_end"] = loadavg_text()
-        if rank_zero_only.rank == 0 and results:
-            paths = report.write_report(out, record)
-    if not finished:
-        where = interrupted_runs(args.launcher)
-        planned = f"{'' if final else 'at least '}{scheduler.submitted}"
-        kept = f"partial report: {paths['report']}" if paths else "nothing finished, no report written"
-        log.warning("study interrupted after %.0f s, %d of %s runs done; %s", invocation.seconds, len(results),
-                    planned, kept)  # fmt: skip
-        log.warning("%s; the same command resumes it, reusing every finished run", where)
-        return 130
-    if paths is not None:
-        invocations = len(meta["invocations"])
-        total = f" ({meta['wall_seconds']:.0f} s over {invocations} invocations)" if invocations > 1 else ""
-        log.info("study finished in %.0f s%s; report: %s", invocation.seconds, total, paths["report"])
-    failed = [r.spec.label for r in results if r.status == RunStatus.ERROR]
-    if failed:
-        log.error("study: %d run(s) failed (listed in the report): %s", len(failed), ", ".join(failed))
-    return 1 if failed else 0
+    def sections(self, record: StudyRecord) -> dict[str, object]:
+        """Every claim's tests and run labels, as evaluated now (``bhyt_pl.study.protocol.claims``)."""
+        if record.design is None:
+            return {}
+        tokens_per_step = int(record.meta.get("tokens_per_step", 0))
+        items, skipped = evaluate(StudyRuns(record.runs), record.design, record.meta.get("roles", {}), tokens_per_step)
+        return {
+            "claims": [c.to_dict() for c in items],
+            "claims_not_tested": [f"{c.statement}: {c.target} vs {c.baseline}" for c in skipped],
+        }
+
+    def render(self, out: Path, record: StudyRecord, figures: bool = True) -> dict[str, Path]:
+        return report.write_report(out, record, figures=figures, save=False)
 
 
-def report_from(folder: Path, figures: bool = True) -> dict[str, Path]:
-    """``report.md`` and (``figures``) the figures of a finished study, rebuilt from ``folder/results.json`` alone
-    (which is read, not written)."""
-    try:
-        record = load(folder)
-    except ValueError as exc:
-        raise ValueError(f"--report-from {str(folder)!r}: {exc}") from exc
-    return report.write_report(folder, record, figures=figures, save=False)
+EXPLORATION = register_kind(ExplorationKind())
+
+
+def parser() -> StudyArgumentParser:
+    """The exploration's whole command line: its options and the driver's."""
+    return study_parser(EXPLORATION)

@@ -1,167 +1,126 @@
-"""A study's record, ``results.json``: what ran (``meta``), the design (depth study only), the claims as evaluated
-when it was written, and every run (each ``RunResult`` as a dict).
+"""A study's record, ``results.json``: one versioned format for every kind of study, saved and loaded here only.
 
-The study rewrites it after every run, so an interrupted study keeps what it measured. ``load`` reads it back
-into typed values: ``python -m bhyt_pl study --report-from DIR`` rebuilds the report from it alone, and a later
-stage can start from a finished study's design and runs.
+The document says which ``kind`` of study wrote it (``exploration``, ``confirmation``, or a kind registered later)
+and its ``schema_version``, then holds:
 
-A study folder is often filled by several invocations (one interrupted, the next resuming it). ``Invocation``
-keeps the record's account of them in ``meta``: ``wall_seconds`` is the total over every invocation,
-``invocations`` lists each one (start, wall seconds, how it ended), and ``partial`` says how many runs are in
-while the study has not finished (running, or interrupted); a finished study's record has no ``partial``. A record
-written before invocations were counted has neither list: it reads as before.
+- ``setup``: the study's resolved setup (its data, validation batches, trainer settings and claim roles), so a
+  later stage reads what the study ran with, never a re-parse of its command line;
+- ``meta``: how it ran (command, budget, machine, timing, the invocations that filled it); shown at the top of
+  its report;
+- the kind's payload: the exploration's ``design`` (None for a stability sweep), the confirmation's frozen
+  ``plan``;
+- the kind's evaluated sections as they stood when it was written (claims, verdicts: a reader's copy; loading
+  evaluates them again from the runs);
+- ``runs``: every run (each ``RunResult`` as a dict).
+
+The driver rewrites it after every run, so an interrupted study keeps what it measured. A record written before
+the format was versioned (no ``schema_version``) loads through ``bhyt_pl.study.record.upgrade``. Rendering reads
+a record and writes only its document and figures.
 """
 
 from __future__ import annotations
 
-import logging
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bhyt_pl.strict_json import loads
+from bhyt_pl.strict_json import loads, write
 from bhyt_pl.study.protocol.design import StudyDesign, StudyRuns
+from bhyt_pl.study.protocol.power import Plan
 from bhyt_pl.study.protocol.spec import RunResult
+from bhyt_pl.study.record.setup import RecordedSetup
+from bhyt_pl.study.record.upgrade import SCHEMA_VERSION, upgrade
 
-__all__ = ["Invocation", "StudyRecord", "load"]
+__all__ = ["RESULTS_FILE", "SCHEMA_VERSION", "RecordedSetup", "StudyRecord", "load", "save"]
 
-log = logging.getLogger(__name__)
-
-# a design written without its frame (the committed docs/depth_study/results.json): ``meta`` holds these fields
-_FRAME_FROM_META = {"groups": "schemes", "lrs": "lrs", "seeds": "seeds", "extensions": "extensions"}
+RESULTS_FILE = "results.json"
 
 
 @dataclass
 class StudyRecord:
-    """What ``results.json`` holds, typed.
+    """What ``results.json`` holds, typed (module docstring).
 
     Args:
-        meta: how the study ran (command, budget, data, machine, timing); shown at the top of the report.
+        kind: the kind of study that wrote it (``bhyt_pl.study.cli.kinds``).
+        meta: how the study ran; shown at the top of its report.
         runs: every run, in the order of the report.
-        design: the depth study's design; None for a stability sweep.
+        setup: the resolved setup its runs shared (None: a kind without one, or a converted record whose setup
+            could not be rebuilt).
+        design: the exploration's design; None for a stability sweep and other kinds.
+        plan: the confirmation's frozen plan; None for other kinds.
     """
 
+    kind: str
     meta: dict[str, Any]
-    runs: list[RunResult]
+    runs: list[RunResult] = field(default_factory=list)
+    setup: RecordedSetup | None = None
     design: StudyDesign | None = None
+    plan: Plan | None = None
 
     @property
     def sweep(self) -> bool:
+        """An exploration without a design: the stability sweep."""
         return self.design is None
 
-    def to_dict(self, claims: Sequence[Mapping[str, Any]] = (), claims_not_tested: Sequence[str] = ()) -> dict:
-        """The JSON document: ``meta``, then (depth study) ``design``, ``claims`` and ``claims_not_tested``, then
-        ``runs``."""
-        document: dict[str, Any] = {"meta": self.meta}
+    def to_dict(self, sections: Mapping[str, object] | None = None) -> dict[str, object]:
+        """The JSON document (module docstring); ``sections`` are the kind's evaluated sections, placed before
+        the runs."""
+        document: dict[str, object] = {
+            "schema_version": SCHEMA_VERSION,
+            "kind": self.kind,
+            "setup": self.setup.to_dict() if self.setup is not None else None,
+            "meta": self.meta,
+        }
         if self.design is not None:
             document["design"] = self.design.to_dict()
-            document["claims"] = list(claims)
-            document["claims_not_tested"] = list(claims_not_tested)
+        if self.plan is not None:
+            document["plan"] = self.plan.to_dict()
+        document.update(sections or {})
         document["runs"] = [r.to_dict() for r in self.runs]
         return document
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StudyRecord:
-        """The record of a document ``to_dict`` wrote (the claims are left out: they are evaluated again)."""
-        for key in ("meta", "runs"):
-            if key not in data:
-                raise ValueError(f"results.json has no {key!r}: not a study's record (keys: {sorted(data)})")
-        if (
-            "plan" in data
-        ):  # bhyt_pl.study.cli.confirmation_plan's record: runs of a frozen plan, not a design or a sweep
+        """The record of a document ``to_dict`` wrote, at this ``SCHEMA_VERSION`` (the evaluated sections are left
+        out: they are evaluated again)."""
+        if data.get("schema_version") != SCHEMA_VERSION:
             raise ValueError(
-                "results.json is a confirmation's record; rebuild its report with "
-                "python -m bhyt_pl study confirm --report-from DIR"
+                f"schema_version {data.get('schema_version')!r}; this version reads {SCHEMA_VERSION} "
+                "(older records load through bhyt_pl.study.record.upgrade)"
             )
-        meta = dict(data["meta"])
+        missing = [key for key in ("kind", "meta", "runs") if key not in data]
+        if missing:
+            raise ValueError(f"results.json has no {missing}: not a study's record (keys: {sorted(data)})")
         runs = [RunResult.from_dict(r) for r in data["runs"]]
-        design = None
-        if "design" in data:
-            recorded = dict(data["design"])
-            for field_name, meta_key in _FRAME_FROM_META.items():
-                if field_name not in recorded and meta_key in meta:
-                    recorded[field_name] = meta[meta_key]
-            design = StudyDesign.from_dict(recorded, StudyRuns(runs))
-        return cls(meta, runs, design)
+        setup = RecordedSetup.from_dict(data["setup"]) if data.get("setup") else None
+        design = StudyDesign.from_dict(data["design"], StudyRuns(runs)) if "design" in data else None
+        plan = Plan.from_dict(data["plan"]) if "plan" in data else None
+        return cls(str(data["kind"]), dict(data["meta"]), runs, setup, design, plan)
+
+
+def results_path(path: str | Path) -> Path:
+    """``path`` itself, or the ``results.json`` inside it when it is a folder."""
+    path = Path(path)
+    return path / RESULTS_FILE if path.is_dir() else path
 
 
 def load(path: str | Path) -> StudyRecord:
-    """The record in ``path`` (``results.json`` or the study folder holding it)."""
-    path = Path(path)
-    path = path / "results.json" if path.is_dir() else path
+    """The record in ``path`` (``results.json`` or the study folder holding it), whatever its schema version:
+    an older one is converted (``upgrade``), never rewritten."""
+    path = results_path(path)
     try:
         data = loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise ValueError(f"cannot read the study's record {str(path)!r}: {exc}") from exc
-    return StudyRecord.from_dict(data)
+    if not isinstance(data, dict):
+        raise ValueError(f"{str(path)!r} is not a study's record (a JSON {type(data).__name__})")
+    return StudyRecord.from_dict(upgrade(data))
 
 
-@dataclass
-class Invocation:
-    """This invocation of a study (or of a confirmation) in its folder, after the earlier ones the folder's record
-    lists: what it writes into the record's ``meta`` (module docstring).
-
-    Args:
-        earlier: the earlier invocations, as ``meta["invocations"]`` lists them (``resume`` reads them).
-        started_at: when this one started (``time.time()``).
-
-    Example:
-        >>> meta = {}
-        >>> Invocation([{"wall_seconds": 100.0, "outcome": "interrupted"}]).record(meta, done=3, planned=8)
-        >>> meta["partial"]["runs_done"], len(meta["invocations"]), meta["wall_seconds"] >= 100.0
-        (3, 2, True)
-    """
-
-    earlier: list[dict[str, Any]] = field(default_factory=list)
-    started_at: float = field(default_factory=time.time)
-
-    def __post_init__(self) -> None:
-        self._clock = time.perf_counter()
-
-    @classmethod
-    def resume(cls, folder: Path, restart: bool = False) -> Invocation:
-        """This invocation after those recorded in ``folder/results.json`` (none with ``restart``, which trains the
-        study again from scratch, or when there is no readable record). An older record without the list counts as
-        one invocation of its ``wall_seconds``; an invocation the record shows still running stopped without saying
-        how (its driver was killed)."""
-        path = Path(folder) / "results.json"
-        if restart or not path.is_file():
-            return cls()
-        try:
-            meta = loads(path.read_text()).get("meta") or {}
-        except (OSError, ValueError, AttributeError) as exc:
-            log.warning("%s cannot be read (%s); the wall time of earlier invocations is not carried over", path, exc)
-            return cls()
-        earlier = [dict(item) for item in meta.get("invocations") or []]
-        if not earlier and isinstance(meta.get("wall_seconds"), int | float):
-            earlier = [{"wall_seconds": meta["wall_seconds"]}]
-        for item in earlier:
-            if item.get("outcome") == "running":
-                item["outcome"] = "stopped"
-        return cls(earlier)
-
-    @property
-    def seconds(self) -> float:
-        """Wall seconds since this invocation started."""
-        return time.perf_counter() - self._clock
-
-    def record(
-        self, meta: dict[str, Any], done: int, planned: int, final: bool = True, outcome: str = "running"
-    ) -> None:
-        """Writes the account into ``meta``: the total ``wall_seconds``, ``invocations`` with this one (``outcome``:
-        ``running``, ``interrupted`` or ``finished``), and, unless ``finished``, ``partial``: ``done`` of ``planned``
-        runs (``final`` False: the protocol may still add runs)."""
-        this = {
-            "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.started_at)),
-            "wall_seconds": round(self.seconds, 1),
-            "outcome": outcome,
-        }
-        earlier = sum(float(item.get("wall_seconds") or 0.0) for item in self.earlier)
-        meta["wall_seconds"] = round(earlier + self.seconds, 1)
-        meta["invocations"] = [*self.earlier, this]
-        if outcome == "finished":
-            meta.pop("partial", None)
-        else:
-            meta["partial"] = {"runs_done": done, "runs_planned": planned, "planned_final": final, "state": outcome}
+def save(folder: Path, record: StudyRecord, sections: Mapping[str, object] | None = None) -> Path:
+    """``folder/results.json``, written atomically (whole or absent)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / RESULTS_FILE
+    write(path, record.to_dict(sections))
+    return path

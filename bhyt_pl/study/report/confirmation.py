@@ -1,4 +1,4 @@
-"""The confirmation's report: ``report.md`` and its figures from a ``ConfirmationRecord`` (``results.json``) alone, so
+"""The confirmation's report: ``report.md`` and its figures from a ``StudyRecord`` (``results.json``) alone, so
 ``python -m bhyt_pl study confirm --report-from DIR`` rebuilds them without the pilot or the run folders.
 
 The document: the family's verdicts (one-sided tests on the confirmation's seeds, Holm across the family), the
@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING
 from bhyt_pl.strict_json import write as write_json
 from bhyt_pl.study.protocol import stats
 from bhyt_pl.study.protocol.claims import CONFIRMATION_ROWS, ClaimSpec
-from bhyt_pl.study.protocol.confirmation import Evaluation, FamilyResult, family_runs
+from bhyt_pl.study.protocol.confirmation import Evaluation, FamilyResult, evaluate, family_runs
 from bhyt_pl.study.protocol.design import Selection, StudyDesign, StudyRuns, parse_group
 from bhyt_pl.study.protocol.metrics import metric
 from bhyt_pl.study.protocol.power import Plan, PlannedClaim, PlannedTest
 from bhyt_pl.study.protocol.spec import RunResult
-from bhyt_pl.study.record.confirmation import ConfirmationRecord
+from bhyt_pl.study.record.results import StudyRecord
 from bhyt_pl.study.report.exploration import meta_lines, partial_lines
 from bhyt_pl.study.report.figures import depth_profile_figure, save_figure, trajectory_figure
 from bhyt_pl.study.report.markdown import Column, num, table
@@ -191,14 +191,14 @@ def exploratory_table(plan: Plan) -> str:
     return table(columns, [t for t in plan.tests if not t.primary], empty="(none)")
 
 
-def _group_runs(record: ConfirmationRecord) -> dict[str, list[RunResult]]:
+def _group_runs(record: StudyRecord) -> dict[str, list[RunResult]]:
     """Each planned group's confirmation runs, by seed index (``family_runs``: never a pilot seed)."""
     return {
         g: [r for _, r in sorted(family_runs(record.plan, record.runs, g).items())] for g in record.plan.group_seeds
     }
 
 
-def groups_table(record: ConfirmationRecord) -> str:
+def groups_table(record: StudyRecord) -> str:
     """Every planned group at the confirmation's rate: validation loss and each claimable summary, magnitudes and
     variances as geometric means over the confirmation's seeds (``tables.matched_columns``)."""
     rate = float(record.plan.source["rate"])
@@ -267,7 +267,7 @@ def family_figure(evaluation: Evaluation) -> Figure:
     return figure
 
 
-def _design(record: ConfirmationRecord) -> tuple[StudyRuns, StudyDesign]:
+def _design(record: StudyRecord) -> tuple[StudyRuns, StudyDesign]:
     """The confirmation's runs as a one-rate design, for the study's depth figures: each planned group at the plan's
     rate, its confirmation runs only."""
     grouped = {g: runs for g, runs in _group_runs(record).items() if runs}
@@ -279,7 +279,7 @@ def _design(record: ConfirmationRecord) -> tuple[StudyRuns, StudyDesign]:
     return StudyRuns([r for runs in grouped.values() for r in runs]), design
 
 
-def _meta_lines(record: ConfirmationRecord) -> list[str]:
+def _meta_lines(record: StudyRecord) -> list[str]:
     lines = meta_lines(record.meta, skip=("command", "machine", "kind"))
     machine = record.meta.get("machine", {})
     if machine:
@@ -298,12 +298,12 @@ def _seed_words(plan: Plan) -> str:
     )
 
 
-def write_report(out: Path, record: ConfirmationRecord, figures: bool = True, save: bool = True) -> dict[str, Path]:
+def write_report(out: Path, record: StudyRecord, figures: bool = True, save: bool = True) -> dict[str, Path]:
     """``results.json`` (the record with the verdicts; not when ``save`` is False), ``report.md`` and (``figures``,
     once there are runs) the PNGs under ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     plan, meta = record.plan, record.meta
-    evaluation = record.evaluate()
+    evaluation = evaluate(plan, record.runs, int(meta.get("tokens_per_step") or 0))
     paths = {"results": out / "results.json", "report": out / "report.md"}
     if save:
         write_json(paths["results"], record.to_dict(evaluation))
