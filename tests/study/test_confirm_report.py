@@ -1,11 +1,13 @@
 """The confirmation's report (``bhyt_pl.study.report.confirmation``): the family's rows on the test's scale against hand
 computations (the geometric mean of the per-seed ratios with its interval back-transformed from the ln scale, the
-one-sided bound), groups as geometric means over the confirmation's seeds only, and docs/method.md's declaration
-of the family rendered from the code's rows and the committed pilot's plan."""
+one-sided bound), groups as geometric means over the confirmation's seeds only, the committed report rebuilt from its
+record alone byte for byte (rendering writes nothing else), and docs/method.md's declaration of the family rendered
+from the code's rows and the committed pilot's plan."""
 
 from __future__ import annotations
 
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,7 @@ from study_fixtures import layer_run, pilot_spec, write_pilot
 from bhyt_pl.study.cli import confirmation_plan as confirm
 from bhyt_pl.study.protocol import power, stats
 from bhyt_pl.study.protocol.confirmation import Evaluation, FamilyResult, p_value
-from bhyt_pl.study.record.results import StudyRecord
+from bhyt_pl.study.record.results import StudyRecord, load
 
 KIND = "confirmation"
 from bhyt_pl.study.report.confirmation import (
@@ -102,14 +104,24 @@ def test_groups_are_geometric_means_over_the_confirmations_seeds_only(tmp_path: 
     assert geometric.low == pytest.approx(math.exp(stats.interval(ln).low)) and geometric.low > 0
 
 
-def test_the_report_holds_every_section_and_save_false_writes_no_record(tmp_path: Path) -> None:
+def test_the_committed_report_rebuilds_from_its_record_byte_for_byte(tmp_path: Path) -> None:
+    committed = ROOT / "docs" / "depth_study" / "confirmation"
+    shutil.copy(committed / "results.json", tmp_path / "results.json")
+    paths = write_report(tmp_path, load(tmp_path), figures=False)
+    assert paths == {"report": tmp_path / "report.md"}
+    assert paths["report"].read_text() == (committed / "report.md").read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.md", "results.json"]
+    assert (tmp_path / "results.json").read_bytes() == (committed / "results.json").read_bytes()  # read, not written
+
+
+def test_the_report_holds_every_section_and_writes_no_record(tmp_path: Path) -> None:
     pilot = confirm.load_pilot(write_pilot(tmp_path / "pilot"))
     plan = confirm.make_confirmation_plan(pilot, pilot.rate(), 12)
     runs = [layer_run(s, 0.5 if s.group == "bhyt" else 2.0) for s in confirm.confirmation_specs(plan, pilot)]
     record = StudyRecord(KIND, {"command": "c", "rate": 3e-3}, runs, plan=plan)
-    paths = write_report(tmp_path / "out", record, figures=False, save=False)
+    paths = write_report(tmp_path / "out", record, figures=False)
     text = paths["report"].read_text()
-    assert not paths["results"].exists()
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["report.md"]
     assert [line for line in text.splitlines() if line.startswith("## ")] == [
         "## The primary family",
         "## Paper-level claims (intersection-union tests)",

@@ -1,13 +1,12 @@
 """The report's figures (``bhyt_pl.study.report.figures``): one panel per declared statistic (a statistic registered
-here
-gets its own), the plotted lines hold the seed means, and depth figures read every group at the matched rate."""
+here gets its own), the plotted lines hold the seed means of the runs each group is given, one colour per group."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 import pytest
-from study_fixtures import kept_design, synthetic_set
+from study_fixtures import synthetic_set
 
 from bhyt_pl.callbacks.layer_stats import (
     LayerStatistic,
@@ -17,9 +16,16 @@ from bhyt_pl.callbacks.layer_stats import (
     statistics,
     unregister_statistic,
 )
-from bhyt_pl.study.protocol.design import StudyRuns
-from bhyt_pl.study.protocol.spec import RunResult, RunSpec
+from bhyt_pl.study.protocol.spec import RunResult
 from bhyt_pl.study.report import figures
+
+
+def _at(results: list[RunResult], lr: float) -> list[figures.FigureGroup]:
+    """Each group's evaluation seeds at ``lr``, b before a (not the order of the runs)."""
+    return [
+        figures.FigureGroup(g, [r for r in results if r.spec.group == g and r.spec.lr == lr and r.spec.seed_index])
+        for g in ("b", "a")
+    ]
 
 
 def _visible_titles(figure) -> list[str]:
@@ -48,8 +54,8 @@ def test_the_depth_profile_has_one_panel_per_recorded_block_statistic(doubled: L
     assert names == [s.name for s in statistics() if s.trajectory and isinstance(s.measure, OnBlockOutput)]
     assert names[:4] == ["magnitude", "median_magnitude", "variance", "magnitude_top2_removed"]
     assert names[-1] == "doubled_magnitude"
-    results, design = synthetic_set()
-    figure = figures.depth_profile_figure(StudyRuns(results), design, "test")
+    results, _ = synthetic_set()
+    figure = figures.depth_profile_figure(_at(results, 1e-2), "test")
     assert sorted(_visible_titles(figure)) == sorted(name.replace("_", " ") for name in names)
     # two rows filled column by column: magnitude above the median token, variance above the top-2-removed one
     axes = {ax.get_title(): ax for ax in figure.axes}
@@ -68,34 +74,27 @@ def test_the_trajectory_figure_has_one_panel_per_titled_summary_with_the_seed_me
         "slope of ln magnitude vs layer (2..L)",
         "tanh saturation (mean over sites and layers)",
     ]
-    results, design = synthetic_set()
-    figure = figures.trajectory_figure(StudyRuns(results), design, "test")
-    assert _visible_titles(figure) == titles
+    results, _ = synthetic_set()
+    figure = figures.trajectory_figure(_at(results, 1e-2), "test")
+    assert _visible_titles(figure) == titles and figure.get_suptitle() == "test"
     panel = next(ax for ax in figure.axes if ax.get_title() == "last-layer magnitude")
     line = next(line for line in panel.lines if line.get_label() == "b")
-    # b at the matched rate 1e-2 (the highest): last layer 4 e^offset at step 10, 1 at step 0
+    # b at 1e-2, the runs it was given: last layer 4 e^offset at step 10, 1 at step 0
     expected = (4.0 + 4.0 * 2.718281828459045**0.1 + 4.0 * 2.718281828459045**-0.1) / 3
     assert list(line.get_xdata()) == [0, 10]
     assert list(line.get_ydata()) == pytest.approx([1.0, expected])
     assert panel.get_yscale() == "log"
 
 
-# last-layer magnitude per (group, lr) over evaluation seeds 1-3
-MAGNITUDES = {("bhyt", 1e-2): [80.0, 90.0, 100.0], ("bhyt", 3e-3): [20.0, 22.0, 30.0]}
+def test_each_group_keeps_the_colour_of_its_position_in_every_figure() -> None:
+    """The colour follows the group's place in the sequence given, so two figures drawn from one sequence agree: a
+    group without runs keeps its place (tab10's first colour), b and a get the second and third."""
+    from matplotlib import colormaps
 
-
-def _run(group: str, lr: float, seed: int, magnitude: float) -> RunResult:
-    spec = RunSpec(label=f"{group}@lr{lr:g}-s{seed}", norm=group, group=group, candidate=group, lr=lr, seed_index=seed)
-    return RunResult(spec, n_layers=2, dim=4, val_loss=3.0, depth_final={"magnitude/layer_01": magnitude})
-
-
-def test_depth_figures_read_every_group_at_the_highest_matched_rate() -> None:
-    results = StudyRuns(_run(g, lr, s, m[s - 1]) for (g, lr), m in MAGNITUDES.items() for s in (1, 2, 3))
-    matched = kept_design({"bhyt": 1e-2}, matched_lrs=(1e-3, 3e-3))
-    assert [(r.spec.lr, r.spec.seed_index) for r in figures.depth_runs(results, matched, "bhyt")] == [
-        (3e-3, s) for s in (1, 2, 3)
-    ]
-    assert figures.depth_runs_words(matched) == "every scheme at lr 0.003 (matched)"
-    unmatched = kept_design({"bhyt": 1e-2})
-    assert [r.spec.lr for r in figures.depth_runs(results, unmatched, "bhyt")] == [1e-2] * 3  # the best rate
-    assert figures.depth_runs(results, matched, "bhyt_exact") == []  # no selection yet
+    results, _ = synthetic_set()
+    groups = [figures.FigureGroup("none", []), *_at(results, 3e-3)]
+    tab10 = colormaps["tab10"]
+    for figure in (figures.depth_profile_figure(groups, "t"), figures.trajectory_figure(groups, "t")):
+        panel = figure.axes[0]
+        colors = {line.get_label(): line.get_color() for line in panel.lines}
+        assert colors == {"b": tab10(1), "a": tab10(2)}

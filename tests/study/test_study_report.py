@@ -1,6 +1,6 @@
 """The report document (``bhyt_pl.study.report.exploration``): the committed study's report rebuilt from its
-``results.json``
-alone, byte for byte, and the sections a fresh record's report holds."""
+``results.json`` alone, byte for byte, the sections a fresh record's report holds, the runs the depth figures read,
+and that rendering writes nothing but the document and its figures."""
 
 from __future__ import annotations
 
@@ -10,21 +10,41 @@ import math
 import shutil
 from pathlib import Path
 
-from study_fixtures import synthetic_set, write_pilot
+from study_fixtures import kept_design, synthetic_set, write_pilot
 
-from bhyt_pl.study.cli.driver import report_from
+from bhyt_pl.strict_json import write as write_json
+from bhyt_pl.study.protocol.claims import evaluate
+from bhyt_pl.study.protocol.design import StudyRuns
+from bhyt_pl.study.protocol.spec import RunResult, RunSpec
 from bhyt_pl.study.record.invocation import Invocation
 from bhyt_pl.study.record.results import StudyRecord, load
-from bhyt_pl.study.report.exploration import write_report
+from bhyt_pl.study.report.exploration import depth_runs, depth_runs_words, write_report
 
 COMMITTED = Path(__file__).resolve().parents[2] / "docs" / "depth_study"
 
 
-def test_report_from_rebuilds_the_committed_report_byte_for_byte(tmp_path: Path) -> None:
+def _rebuild(folder: Path) -> dict[str, Path]:
+    """The report of ``folder/results.json`` alone, as ``--report-from`` rebuilds it (without figures)."""
+    return write_report(folder, load(folder), figures=False)
+
+
+def _save(folder: Path, record: StudyRecord) -> None:
+    """``folder/results.json`` as the study saves it: the record with its claims evaluated."""
+    meta = record.meta
+    items, skipped = evaluate(
+        StudyRuns(record.runs), record.design, meta["roles"], tokens_per_step=int(meta["tokens_per_step"])
+    )
+    claims_not_tested = [f"{c.statement}: {c.target} vs {c.baseline}" for c in skipped]
+    write_json(folder / "results.json", record.to_dict([c.to_dict() for c in items], claims_not_tested))
+
+
+def test_the_committed_report_rebuilds_from_its_record_byte_for_byte(tmp_path: Path) -> None:
     shutil.copy(COMMITTED / "results.json", tmp_path / "results.json")
-    report_from(tmp_path, figures=False)
+    paths = _rebuild(tmp_path)
+    assert paths == {"report": tmp_path / "report.md"}
     assert (tmp_path / "report.md").read_text() == (COMMITTED / "report.md").read_text()
     assert (tmp_path / "results.json").read_bytes() == (COMMITTED / "results.json").read_bytes()  # read, not written
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.md", "results.json"]
     document = json.loads((COMMITTED / "results.json").read_text())
     design = load(COMMITTED).design.to_dict()  # the committed design predates its frame fields (read from meta)
     assert {k: v for k, v in design.items() if k in document["design"]} == document["design"]
@@ -47,9 +67,11 @@ META = {
 }
 
 
-def test_a_records_report_has_every_section_and_its_results_hold_the_claims(tmp_path: Path) -> None:
+def test_a_records_report_has_every_section_and_its_saved_record_holds_the_claims(tmp_path: Path) -> None:
     results, design = synthetic_set()
-    paths = write_report(tmp_path, StudyRecord("exploration", dict(META), results, design=design), figures=False)
+    record = StudyRecord("exploration", dict(META), results, design=design)
+    paths = write_report(tmp_path, record, figures=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.md"]  # rendering saves no record
     text = paths["report"].read_text()
     sections = [line for line in text.splitlines() if line.startswith("## ")]
     assert sections == [
@@ -67,7 +89,8 @@ def test_a_records_report_has_every_section_and_its_results_hold_the_claims(tmp_
     ]
     assert "Roles of the claims: BHyT = a, RMSNorm = b." in text
     assert "- a: at lr 0.003 the last layer's magnitude is" in text  # the growth prose, per group
-    document = json.loads(paths["results"].read_text())
+    _save(tmp_path, record)
+    document = json.loads((tmp_path / "results.json").read_text())
     assert [c["groups"] for c in document["claims"]][:1] == [{"target": "a", "baseline": "b"}]
     assert document["claims_not_tested"] and len(document["runs"]) == len(results)
     assert not (tmp_path / "depth_final.png").exists()  # figures=False
@@ -108,15 +131,16 @@ def test_a_record_with_nan_and_infinity_is_strict_json_and_rebuilds_its_report_b
     record = _pilot_record(tmp_path)
     record.runs[0] = dataclasses.replace(record.runs[0], status="diverged", val_loss=math.nan, diverged_loss=math.inf)
     paths = write_report(tmp_path, record, figures=False)
-    text = paths["results"].read_text()
+    _save(tmp_path, record)
+    text = (tmp_path / "results.json").read_text()
     document = json.loads(text, parse_constant=_refuse)  # a strict reader: no bare NaN or Infinity
     assert document["runs"][0]["val_loss"] == "NaN" and document["runs"][0]["diverged_loss"] == "Infinity"
     back = load(tmp_path).runs[0]
     assert math.isnan(back.val_loss) and back.diverged_loss == math.inf
     written = paths["report"].read_text()
     paths["report"].unlink()
-    report_from(tmp_path, figures=False)
-    assert paths["report"].read_text() == written and paths["results"].read_text() == text
+    _rebuild(tmp_path)
+    assert paths["report"].read_text() == written and (tmp_path / "results.json").read_text() == text
 
 
 def test_an_unfinished_study_is_marked_partial_at_the_top_and_lists_its_invocations(tmp_path: Path) -> None:
@@ -124,6 +148,7 @@ def test_an_unfinished_study_is_marked_partial_at_the_top_and_lists_its_invocati
     earlier = Invocation([{"started": "2025-01-02 10:00:00", "wall_seconds": 120.0, "outcome": "interrupted"}])
     earlier.record(record.meta, done=4, planned=12, final=False, outcome="interrupted")
     paths = write_report(tmp_path, record, figures=False)
+    _save(tmp_path, record)
     lines = paths["report"].read_text().splitlines()
     assert lines[:2] == ["# Depth study", ""]
     assert lines[2].startswith("**Partial: 4 of at least 12 runs.** This study was interrupted before its last run")
@@ -133,11 +158,34 @@ def test_an_unfinished_study_is_marked_partial_at_the_top_and_lists_its_invocati
     assert listed[0].endswith(" s, interrupted)") and record.meta["wall_seconds"] >= 120.0
     written = paths["report"].read_text()
     paths["report"].unlink()
-    report_from(tmp_path, figures=False)  # the marker comes from results.json alone
+    _rebuild(tmp_path)  # the marker comes from results.json alone
     assert paths["report"].read_text() == written
     earlier.record(record.meta, done=5, planned=20)  # between two runs: still running, nothing to resume yet
     head = write_report(tmp_path, record, figures=False)["report"].read_text().splitlines()[2]
     assert head.startswith("**Partial: 5 of 20 runs.** This study is still running: ") and "resumes" not in head
     earlier.record(record.meta, done=20, planned=20, outcome="finished")  # the same invocation, finished: no marker
     text = write_report(tmp_path, record, figures=False)["report"].read_text()
+    _save(tmp_path, record)
     assert "Partial" not in text and " s, finished)" in text and "partial" not in load(tmp_path).meta
+
+
+# last-layer magnitude per (group, lr) over evaluation seeds 1-3
+MAGNITUDES = {("bhyt", 1e-2): [80.0, 90.0, 100.0], ("bhyt", 3e-3): [20.0, 22.0, 30.0]}
+
+
+def _run(group: str, lr: float, seed: int, magnitude: float) -> RunResult:
+    spec = RunSpec(label=f"{group}@lr{lr:g}-s{seed}", norm=group, group=group, candidate=group, lr=lr, seed_index=seed)
+    return RunResult(spec, n_layers=2, dim=4, val_loss=3.0, depth_final={"magnitude/layer_01": magnitude})
+
+
+def test_depth_figures_read_every_group_at_the_highest_matched_rate() -> None:
+    results = StudyRuns(_run(g, lr, s, m[s - 1]) for (g, lr), m in MAGNITUDES.items() for s in (1, 2, 3))
+    matched = kept_design({"bhyt": 1e-2}, matched_lrs=(1e-3, 3e-3))
+    assert [(r.spec.lr, r.spec.seed_index) for r in depth_runs(results, matched, "bhyt")] == [
+        (3e-3, s) for s in (1, 2, 3)
+    ]
+    assert depth_runs_words(matched) == "every scheme at lr 0.003 (matched)"
+    unmatched = kept_design({"bhyt": 1e-2})
+    assert [r.spec.lr for r in depth_runs(results, unmatched, "bhyt")] == [1e-2] * 3  # the best rate
+    assert depth_runs_words(unmatched) == "each scheme at its best lr"
+    assert depth_runs(results, matched, "bhyt_exact") == []  # no selection yet

@@ -1,6 +1,6 @@
-"""The report's tables (``bhyt_pl.study.report.tables``) on hand-built runs: a statistic column shows each group's seed
-interval, a column added in a test shows its values, the edge flag follows a group into every table, the
-approximation table reads both groups at the matched rate, and the detail table's seed counts by hand."""
+"""The exploration's tables (``bhyt_pl.study.report.tables``) on hand-built runs: a statistic column shows each group's
+seed interval, the edge flag follows a group into every table, the approximation table reads both groups at the
+matched rate, and the detail table's seed counts by hand."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from bhyt_pl.study.protocol.claims import ClaimSpec, evaluate
 from bhyt_pl.study.protocol.design import StudyRuns
 from bhyt_pl.study.protocol.spec import RunResult, RunSpec
 from bhyt_pl.study.report import tables
-from bhyt_pl.study.report.markdown import Column, short_ci, table
+from bhyt_pl.study.report.markdown import short_ci
 
 T_975_2 = 4.302652729911275  # the 97.5% quantile of Student's t with 2 degrees of freedom
 
@@ -34,10 +34,6 @@ def _numbers(cell: str) -> list[float]:
     match = re.fullmatch(r"(\S+) \[(\S+), (\S+)\] \((.+?)-(.+)\)", cell)
     assert match, cell
     return [float(x.replace(",", "")) for x in match.groups()]
-
-
-def _kept(design):
-    return [(g, design.kept(g.label)) for g in design.groups]
 
 
 def _interval(values: list[float]) -> tuple[float, float, float]:
@@ -67,20 +63,6 @@ def test_group_table_columns_hold_each_groups_seed_intervals() -> None:
     mean, low, high = _interval([math.log(v) - 0.0 for v in seeds])  # layer L/4 of b is 1
     assert _numbers(b[header.index("ln magnitude growth L/4..L")])[:3] == pytest.approx([mean, low, high], rel=2e-3)
     assert b[header.index("tanh saturation")] == "-"  # no scheme site reports it in these runs
-
-
-def test_a_column_added_in_a_test_shows_its_values() -> None:
-    results, design = synthetic_set()
-    runs = StudyRuns(results)
-    rows = [tables.SeedRuns(g.label, s.lr, design.evaluation_runs(runs, g.label)) for g, s in _kept(design)]
-    columns = [Column("scheme", lambda row: row.label), tables.seed_column("val loss here", "val_loss", 4)]
-    columns.append(Column("first seed's label", lambda row: row.runs[0].spec.label))
-    text = table(columns, rows)
-    assert _header(text) == ["scheme", "val loss here", "first seed's label"]
-    assert _cells(text, "a")[2] == "a@lr0.001-s1" and _cells(text, "b")[2] == "b@lr0.003-s1"
-    # a's validation losses at its best rate: 2.9 + offset + 0.01 i = 2.91, 3.02, 2.83
-    mean, low, high = _interval([2.91, 3.02, 2.83])
-    assert _numbers(_cells(text, "a")[1]) == pytest.approx([mean, low, high, 2.83, 3.02], abs=1e-4)
 
 
 def test_matched_table_shows_the_claimable_summaries_at_every_matched_rate() -> None:

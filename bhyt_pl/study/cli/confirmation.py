@@ -226,7 +226,7 @@ class ConfirmationKind(StudyKind):
         }
 
     def render(self, out: Path, record: StudyRecord, figures: bool = True) -> dict[str, Path]:
-        return write_report(out, record, figures=figures, save=False)
+        return write_report(out, record, figures=figures)
 
 
 CONFIRMATION = register_kind(ConfirmationKind())

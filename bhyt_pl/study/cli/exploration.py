@@ -40,8 +40,8 @@ from typing import Any
 from bhyt_pl.config import PRESETS, LlamaConfig
 from bhyt_pl.errors import UsageError
 from bhyt_pl.study.cli import estimate
-from bhyt_pl.study.cli.config_file import expand_config_files
 from bhyt_pl.study.cli.arguments import StudyArgumentParser
+from bhyt_pl.study.cli.config_file import expand_config_files
 from bhyt_pl.study.cli.kinds import OnResult, PreparedStudy, StudyKind, register_kind, study_parser
 from bhyt_pl.study.cli.setup import Budget, StudySetup
 from bhyt_pl.study.launch.execution import run_all, run_depth_study
@@ -491,7 +491,7 @@ class ExplorationKind(StudyKind):
         }
 
     def render(self, out: Path, record: StudyRecord, figures: bool = True) -> dict[str, Path]:
-        return report.write_report(out, record, figures=figures, save=False)
+        return report.write_report(out, record, figures=figures)
 
 
 EXPLORATION = register_kind(ExplorationKind())

@@ -5,29 +5,27 @@ The document: the family's verdicts (one-sided tests on the confirmation's seeds
 paper-level claims (intersection-union tests), the frozen plan, the exploratory rows with their reasons and seed
 counts, the groups at the matched rate, and every test over training (uncorrected and descriptive). Tables sit on
 the test's scale: a test on ln ratios shows the geometric mean of the per-seed ratios with its interval
-back-transformed from the ln scale, and a group's magnitude or variance is a geometric mean (``tables``).
+back-transformed from the ln scale, and a group's magnitude or variance is a geometric mean (``columns``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bhyt_pl.strict_json import write as write_json
 from bhyt_pl.study.protocol import stats
 from bhyt_pl.study.protocol.claims import CONFIRMATION_ROWS, ClaimSpec
-from bhyt_pl.study.protocol.confirmation import Evaluation, FamilyResult, evaluate, family_runs
-from bhyt_pl.study.protocol.design import Selection, StudyDesign, StudyRuns, parse_group
+from bhyt_pl.study.protocol.confirmation import ClaimVerdict, Evaluation, FamilyResult, evaluate, family_runs
 from bhyt_pl.study.protocol.metrics import metric
 from bhyt_pl.study.protocol.power import Plan, PlannedClaim, PlannedTest
 from bhyt_pl.study.protocol.spec import RunResult
 from bhyt_pl.study.record.results import StudyRecord
+from bhyt_pl.study.report.columns import SeedRuns, matched_columns
 from bhyt_pl.study.report.exploration import meta_lines, partial_lines
-from bhyt_pl.study.report.figures import depth_profile_figure, save_figure, trajectory_figure
+from bhyt_pl.study.report.figures import FigureGroup, depth_profile_figure, save_figure, trajectory_figure
 from bhyt_pl.study.report.markdown import Column, num, table
-from bhyt_pl.study.report.tables import SeedRuns, matched_columns
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -93,14 +91,14 @@ def claims_table(evaluation: Evaluation, plan: Plan) -> str:
     """Every paper-level claim: its components, the plan's seeds and joint power, the intersection-union p-value
     (the largest component's Holm p) and verdict when primary, else why it stays exploratory."""
 
-    def verdict(row) -> str:
+    def verdict(row: ClaimVerdict) -> str:
         if row.iut is None:
             return f"exploratory: {row.planned.reason}"
         failing = f" (not below {plan.alpha:g}: {'; '.join(row.iut.failing)})" if row.iut.failing else ""
         missing = f" (untested: {'; '.join(row.iut.missing)})" if row.iut.missing else ""
         return f"**{row.verdict}**{failing}{missing}"
 
-    columns = [
+    columns: list[Column[ClaimVerdict]] = [
         Column("claim", lambda row: row.planned.name),
         Column("components", lambda row: "; ".join(row.planned.components)),
         Column("planned seeds (joint power)", lambda row: _claim_plan(row.planned)),
@@ -200,7 +198,7 @@ def _group_runs(record: StudyRecord) -> dict[str, list[RunResult]]:
 
 def groups_table(record: StudyRecord) -> str:
     """Every planned group at the confirmation's rate: validation loss and each claimable summary, magnitudes and
-    variances as geometric means over the confirmation's seeds (``tables.matched_columns``)."""
+    variances as geometric means over the confirmation's seeds (``columns.matched_columns``)."""
     rate = float(record.plan.source["rate"])
     rows = [SeedRuns(group, rate, runs) for group, runs in _group_runs(record).items() if runs]
     return table(matched_columns(), rows, empty="(no confirmation run yet)")
@@ -213,7 +211,7 @@ def _letters(t: FamilyResult, alpha: float) -> str:
     return "".join(_MARK[p["p_one_sided"] < alpha] if math.isfinite(p["p_one_sided"]) else "?" for p in t.over_training)
 
 
-def _point(t: FamilyResult, p: dict) -> str:
+def _point(t: FamilyResult, p: Mapping[str, float]) -> str:
     if not math.isfinite(p["mean"]):
         return "n/a"
     if t.log:
@@ -267,18 +265,6 @@ def family_figure(evaluation: Evaluation) -> Figure:
     return figure
 
 
-def _design(record: StudyRecord) -> tuple[StudyRuns, StudyDesign]:
-    """The confirmation's runs as a one-rate design, for the study's depth figures: each planned group at the plan's
-    rate, its confirmation runs only."""
-    grouped = {g: runs for g, runs in _group_runs(record).items() if runs}
-    design = StudyDesign(
-        tuple(parse_group(g) for g in grouped),
-        selections={g: Selection(g, runs[0], ()) for g, runs in grouped.items()},
-        matched_lrs=(float(record.plan.source["rate"]),),
-    )
-    return StudyRuns([r for runs in grouped.values() for r in runs]), design
-
-
 def _meta_lines(record: StudyRecord) -> list[str]:
     lines = meta_lines(record.meta, skip=("command", "machine", "kind"))
     machine = record.meta.get("machine", {})
@@ -298,24 +284,26 @@ def _seed_words(plan: Plan) -> str:
     )
 
 
-def write_report(out: Path, record: StudyRecord, figures: bool = True, save: bool = True) -> dict[str, Path]:
-    """``results.json`` (the record with the verdicts; not when ``save`` is False), ``report.md`` and (``figures``,
-    once there are runs) the PNGs under ``out``."""
+def write_report(out: Path, record: StudyRecord, figures: bool = True) -> dict[str, Path]:
+    """``report.md`` and (``figures``, once there are runs) the PNGs under ``out``, from ``record`` alone; their
+    paths by name (``report`` and one per figure). Nothing else is written: the record is saved by
+    ``bhyt_pl.study.record``."""
     out.mkdir(parents=True, exist_ok=True)
     plan, meta = record.plan, record.meta
-    evaluation = evaluate(plan, record.runs, int(meta.get("tokens_per_step") or 0))
-    paths = {"results": out / "results.json", "report": out / "report.md"}
-    if save:
-        write_json(paths["results"], record.to_dict(evaluation))
+    evaluation = evaluate(record.plan, record.runs, int(record.meta.get("tokens_per_step") or 0))
+    paths = {"report": out / "report.md"}
     has_runs = any(t.difference.n for t in evaluation.tests)
     if figures and has_runs:
         paths["family"] = save_figure(family_figure(evaluation), out / "family_over_training.png")
-        runs, design = _design(record)
-        title = f"{meta.get('preset')} ({meta.get('n_layers_label')} layers), {meta.get('steps')} steps"
-        paths["depth_final"] = save_figure(
-            depth_profile_figure(runs, design, f"end of training: {title}"), out / "depth_final.png"
+        groups = [FigureGroup(g, runs) for g, runs in _group_runs(record).items() if runs]
+        title = (
+            f"{meta.get('preset')} ({meta.get('n_layers_label')} layers), {meta.get('steps')} steps; "
+            f"every scheme at lr {float(plan.source['rate']):g} (matched)"
         )
-        paths["trajectories"] = save_figure(trajectory_figure(runs, design, title), out / "trajectories.png")
+        paths["depth_final"] = save_figure(
+            depth_profile_figure(groups, f"end of training: {title}"), out / "depth_final.png"
+        )
+        paths["trajectories"] = save_figure(trajectory_figure(groups, title), out / "trajectories.png")
     confirmed = sum(t.verdict == stats.CONFIRMED for t in evaluation.tests)
     lines = [
         "# Depth study: confirmation",

@@ -1,30 +1,28 @@
 """The study's report document: ``report.md`` put together from the tables (``bhyt_pl.study.report.tables``), the
-figures
-(``bhyt_pl.study.report.figures``) and the prose between them, and ``results.json`` (``bhyt_pl.study.record.results``)
-with the
-claims as evaluated (``bhyt_pl.study.protocol.claims``, docs/method.md, section 10).
+figures (``bhyt_pl.study.report.figures``) and the prose between them, with the claims as evaluated
+(``bhyt_pl.study.protocol.claims``, docs/method.md, section 10).
 
-Everything here reads a ``StudyRecord`` and nothing else, so ``python -m bhyt_pl study --report-from DIR`` rebuilds
-the report from ``DIR/results.json`` alone.
+Rendering reads a ``StudyRecord`` and nothing else, and writes only the document and its figures (the record is saved
+in ``bhyt_pl.study.record``), so ``python -m bhyt_pl study --report-from DIR`` rebuilds the report from
+``DIR/results.json`` alone.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
-from bhyt_pl.strict_json import write as write_json
 from bhyt_pl.study.protocol.claims import ClaimResult, ClaimSpec, evaluate
 from bhyt_pl.study.protocol.design import StudyDesign, StudyRuns
 from bhyt_pl.study.protocol.plan import SELECTION_SEED
 from bhyt_pl.study.protocol.spec import RunResult, RunStatus
 from bhyt_pl.study.record.results import StudyRecord
+from bhyt_pl.study.report.columns import finite_mean, per_seed
 from bhyt_pl.study.report.figures import (
+    FigureGroup,
     claims_figure,
     depth_profile_figure,
-    depth_runs_words,
     importance_figure,
     loss_figure,
     lr_figure,
@@ -47,7 +45,6 @@ from bhyt_pl.study.report.tables import (
     importance_table,
     lr_table,
     matched_table,
-    per_seed,
     summary_table,
     sweep_table,
     training_table,
@@ -56,6 +53,8 @@ from bhyt_pl.study.report.tables import (
 __all__ = [
     "budget_lines",
     "budget_note",
+    "depth_runs",
+    "depth_runs_words",
     "divergence_edge",
     "growth_prose",
     "invocations_text",
@@ -67,9 +66,15 @@ __all__ = [
 ]
 
 
-def _finite_mean(values: Sequence[float]) -> float:
-    finite = [v for v in values if v is not None and math.isfinite(v)]
-    return sum(finite) / len(finite) if finite else math.nan
+def depth_runs(runs: StudyRuns, design: StudyDesign, group: str) -> list[RunResult]:
+    """The runs a depth figure shows for ``group``: at the highest matched rate when there is one (depth statistics
+    grow with the learning rate, so profiles at different rates would compare the rates), else at its best rate."""
+    return design.evaluation_runs(runs, group, design.depth_lr)
+
+
+def depth_runs_words(design: StudyDesign) -> str:
+    """Where ``depth_runs`` reads, for a figure's title."""
+    return f"every scheme at lr {design.depth_lr:g} (matched)" if design.matched_lrs else "each scheme at its best lr"
 
 
 def budget_note(design: StudyDesign) -> str:
@@ -100,15 +105,17 @@ def budget_note(design: StudyDesign) -> str:
     )
 
 
-def budget_lines(runs: StudyRuns, design: StudyDesign, meta: dict[str, Any]) -> list[str]:
+def budget_lines(runs: StudyRuns, design: StudyDesign, meta: Mapping[str, object]) -> list[str]:
     """How far training got: the schemes' mean validation loss against the unigram loss of the same tokens."""
     unigram = meta.get("unigram_loss")
+    if not isinstance(unigram, int | float):
+        return []
     means = {
-        g.label: _finite_mean(list(per_seed(design.evaluation_runs(runs, g.label), "val_loss").values()))
+        g.label: finite_mean(list(per_seed(design.evaluation_runs(runs, g.label), "val_loss").values()))
         for g in design.groups
     }
     means = {k: v for k, v in means.items() if math.isfinite(v)}
-    if unigram is None or not means:
+    if not means:
         return []
     gap = {k: v - unigram for k, v in means.items()}
     lo, hi = min(gap, key=gap.get), max(gap, key=gap.get)
@@ -167,11 +174,11 @@ def verdict_counts(items: Sequence[ClaimResult]) -> list[str]:
     return lines
 
 
-def partial_lines(meta: dict[str, Any], what: str = "study") -> list[str]:
+def partial_lines(meta: Mapping[str, object], what: str = "study") -> list[str]:
     """The marker at the top of the report of a study that has not finished (``meta["partial"]``: still running, or
     interrupted): how many runs are in, and that the rest of the report covers only those. Nothing once finished."""
     partial = meta.get("partial")
-    if not partial:
+    if not isinstance(partial, Mapping) or not partial:
         return []
     planned = ("" if partial.get("planned_final", True) else "at least ") + str(partial.get("runs_planned", "?"))
     running = partial.get("state") == "running"
@@ -185,7 +192,7 @@ def partial_lines(meta: dict[str, Any], what: str = "study") -> list[str]:
     ]
 
 
-def invocations_text(invocations: Sequence[dict[str, Any]]) -> str:
+def invocations_text(invocations: Sequence[Mapping[str, object]]) -> str:
     """``meta["invocations"]`` in words: how many, and each one's start, wall time and outcome."""
     parts = []
     for item in invocations:
@@ -195,14 +202,14 @@ def invocations_text(invocations: Sequence[dict[str, Any]]) -> str:
     return f"{len(invocations)} ({'; '.join(parts)})"
 
 
-def meta_lines(meta: dict[str, Any], skip: Sequence[str]) -> list[str]:
+def meta_lines(meta: Mapping[str, object], skip: Sequence[str]) -> list[str]:
     """One ``- key: value`` line per entry of ``meta`` but ``skip`` and the partial marker (``partial_lines``);
     ``wall_seconds`` is the total over the ``invocations`` listed after it."""
     lines = []
     for key, value in meta.items():
         if key in skip or key == "partial":
             continue
-        text = invocations_text(value) if key == "invocations" else value
+        text = invocations_text(value) if key == "invocations" and isinstance(value, list) else value
         lines.append(f"- {key.replace('_', ' ')}: {text}")
     return lines
 
@@ -225,23 +232,18 @@ def failed_runs_lines(results: Sequence[RunResult]) -> list[str]:
     ]
 
 
-def write_report(out: Path, record: StudyRecord, figures: bool = True, save: bool = True) -> dict[str, Path]:
-    """``results.json`` (``record`` with every claim's tests and run labels; not when ``save`` is False),
-    ``report.md`` and (``figures``) the PNGs under ``out``."""
+def write_report(out: Path, record: StudyRecord, figures: bool = True) -> dict[str, Path]:
+    """``report.md`` and (``figures``) the PNGs under ``out``, from ``record`` alone; their paths by name
+    (``report`` and one per figure). Nothing else is written: the record is saved by ``bhyt_pl.study.record``."""
     out.mkdir(parents=True, exist_ok=True)
     meta, design, sweep = record.meta, record.design, record.sweep
     runs = StudyRuns(record.runs) if design is not None else None
-    paths = {"results": out / "results.json", "report": out / "report.md"}
+    paths = {"report": out / "report.md"}
     items: list[ClaimResult] = []
     skipped: list[ClaimSpec] = []
     roles = meta.get("roles", {})
     if design is not None:
         items, skipped = evaluate(runs, design, roles, tokens_per_step=int(meta.get("tokens_per_step", 0)))
-    if save:
-        document = record.to_dict(
-            [c.to_dict() for c in items], [f"{c.statement}: {c.target} vs {c.baseline}" for c in skipped]
-        )
-        write_json(paths["results"], document)
     max_loss = float(meta["max_loss"])
     title = (
         f"{meta['preset']} ({meta['n_layers_label']} layers), {meta['steps']} steps of {meta['tokens_per_step']} tokens"
@@ -267,13 +269,16 @@ def write_report(out: Path, record: StudyRecord, figures: bool = True, save: boo
         paths["report"].write_text("\n".join(lines) + "\n")
         return paths
     if figures:
+        at_depth_lr = [FigureGroup(g.label, depth_runs(runs, design, g.label)) for g in design.groups]
+        at_best_lr = [FigureGroup(g.label, design.evaluation_runs(runs, g.label)) for g in design.groups]
+        depth_title = f"{title}; {depth_runs_words(design)}"
         paths["depth_final"] = save_figure(
-            depth_profile_figure(runs, design, f"end of training: {title}"), out / "depth_final.png"
+            depth_profile_figure(at_depth_lr, f"end of training: {depth_title}"), out / "depth_final.png"
         )
-        paths["trajectories"] = save_figure(trajectory_figure(runs, design, title), out / "trajectories.png")
+        paths["trajectories"] = save_figure(trajectory_figure(at_depth_lr, depth_title), out / "trajectories.png")
         paths["lr"] = save_figure(lr_figure(runs, design, max_loss), out / "lr_sensitivity.png")
-        paths["importance"] = save_figure(importance_figure(runs, design), out / "layer_importance.png")
-        paths["loss"] = save_figure(loss_figure(runs, design, title), out / "loss.png")
+        paths["importance"] = save_figure(importance_figure(at_best_lr), out / "layer_importance.png")
+        paths["loss"] = save_figure(loss_figure(at_best_lr, title), out / "loss.png")
         paths["claims"] = save_figure(claims_figure(items), out / "claims_over_training.png")
     role_text = ", ".join(f"{role} = {group}" for role, group in roles.items()) or "none"
     growth = growth_rows(runs, design)

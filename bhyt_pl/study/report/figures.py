@@ -3,19 +3,21 @@ state). Seed bands span the min-max over seeds around the mean; one colour per s
 
 The depth profile has one panel per statistic the study records along training and measures on blocks, the
 trajectories one panel per statistic summary declared with a panel title (``bhyt_pl.callbacks.layer_stats``):
-a statistic declared there is drawn here without an edit.
+a statistic declared there is drawn here without an edit. A figure of scheme groups takes them as ``FigureGroup``
+entries, each with the runs it shows: the exploration picks them from its design, the confirmation from its plan.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bhyt_pl.callbacks.layer_stats import KINDS, LayerStatistic, OnBlockOutput, Summary, layer_profile
 from bhyt_pl.study.protocol.claims import ClaimResult
-from bhyt_pl.study.protocol.design import SchemeGroup, StudyDesign, StudyRuns
+from bhyt_pl.study.protocol.design import StudyDesign, StudyRuns
 from bhyt_pl.study.protocol.metrics import metrics, trajectory_statistics
 from bhyt_pl.study.protocol.plan import SELECTION_SEED
 from bhyt_pl.study.protocol.spec import RunResult, RunStatus
@@ -26,10 +28,9 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 __all__ = [
+    "FigureGroup",
     "claims_figure",
     "depth_profile_figure",
-    "depth_runs",
-    "depth_runs_words",
     "importance_figure",
     "loss_figure",
     "lr_figure",
@@ -51,7 +52,17 @@ def save_figure(figure: Figure, path: Path) -> Path:
     return path
 
 
-def _color(groups: Sequence[SchemeGroup], label: str) -> tuple[float, float, float, float]:
+@dataclass(frozen=True)
+class FigureGroup:
+    """One scheme group as a figure draws it: its label (the legend's entry) and the runs it shows, by seed index.
+    A figure takes its groups in order and gives each the colour of its position, so one sequence of groups keeps
+    one colour per group across figures."""
+
+    label: str
+    runs: Sequence[RunResult]
+
+
+def _color(groups: Sequence[FigureGroup], label: str) -> tuple[float, float, float, float]:
     """One colour per scheme group, the same in every panel and figure."""
     from matplotlib import colormaps
 
@@ -90,26 +101,14 @@ def _grid(figure: Figure, n: int, rows: int = 2, by_column: bool = False) -> lis
 
 
 # ----------------------------------------------------------------------------- depth statistics
-def depth_runs(runs: StudyRuns, design: StudyDesign, group: str) -> list[RunResult]:
-    """The runs a depth figure shows for ``group``: at the highest matched rate when there is one (depth statistics
-    grow with the learning rate, so profiles at different rates would compare the rates), else at its best rate."""
-    return design.evaluation_runs(runs, group, design.depth_lr)
-
-
-def depth_runs_words(design: StudyDesign) -> str:
-    """Where ``depth_runs`` reads, for a figure's title."""
-    return f"every scheme at lr {design.depth_lr:g} (matched)" if design.matched_lrs else "each scheme at its best lr"
-
-
 def profile_statistics() -> tuple[LayerStatistic, ...]:
     """The depth profile's panels: the statistics recorded along training that are measured on block outputs."""
     return tuple(s for s in trajectory_statistics() if isinstance(s.measure, OnBlockOutput))
 
 
-def depth_profile_figure(runs: StudyRuns, design: StudyDesign, title: str) -> Figure:
+def depth_profile_figure(groups: Sequence[FigureGroup], title: str) -> Figure:
     """Paper Figure 3 and its robust variants against depth at the end (``profile_statistics``, log scale, panels
-    filled column by column over two rows): mean over seeds with a min-max band, every group at the same (matched)
-    rate when there is one."""
+    filled column by column over two rows): each group's finished runs, mean over seeds with a min-max band."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
@@ -117,12 +116,12 @@ def depth_profile_figure(runs: StudyRuns, design: StudyDesign, title: str) -> Fi
     figure = Figure(figsize=(6.5 * max(1, math.ceil(len(panels) / 2)), 8), layout="constrained")
     axes = _grid(figure, len(panels), by_column=True)
     for ax, stat in zip(axes, panels, strict=True):
-        for g in design.groups:
-            seeds = [r for r in depth_runs(runs, design, g.label) if r.status == RunStatus.OK]
+        for g in groups:
+            seeds = [r for r in g.runs if r.status == RunStatus.OK]
             series = [layer_profile(r.depth_final, stat.name) for r in seeds]
             series = [s for s in series if s]
             if series:
-                _band(ax, range(1, len(series[0]) + 1), series, g.label, _color(design.groups, g.label))
+                _band(ax, range(1, len(series[0]) + 1), series, g.label, _color(groups, g.label))
         ax.set_yscale("log")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("layer (block output)")
@@ -130,7 +129,7 @@ def depth_profile_figure(runs: StudyRuns, design: StudyDesign, title: str) -> Fi
         ax.grid(alpha=0.3, which="both")
     if axes and axes[0].lines:
         axes[0].legend(fontsize=7)
-    figure.suptitle(f"{title}; {depth_runs_words(design)}")
+    figure.suptitle(title)
     return figure
 
 
@@ -141,22 +140,22 @@ def trajectory_panels() -> list[tuple[LayerStatistic, Summary]]:
     return sorted(titled, key=lambda pair: list(KINDS).index(pair[1].kind))
 
 
-def trajectory_figure(runs: StudyRuns, design: StudyDesign, title: str) -> Figure:
-    """Every titled statistic summary (``trajectory_panels``) against the optimizer step: mean over seeds with a
-    min-max band, every group at the same (matched) rate when there is one; last-layer values on a log scale."""
+def trajectory_figure(groups: Sequence[FigureGroup], title: str) -> Figure:
+    """Every titled statistic summary (``trajectory_panels``) against the optimizer step: each group's finished
+    runs, mean over seeds with a min-max band; last-layer values on a log scale."""
     from matplotlib.figure import Figure
 
     panels = trajectory_panels()
     figure = Figure(figsize=(6.5 * max(1, math.ceil(len(panels) / 2)), 8), layout="constrained")
     axes = _grid(figure, len(panels))
     for ax, (stat, summary) in zip(axes, panels, strict=True):
-        for g in design.groups:
-            seeds = [r for r in depth_runs(runs, design, g.label) if r.status == RunStatus.OK and r.trajectory]
+        for g in groups:
+            seeds = [r for r in g.runs if r.status == RunStatus.OK and r.trajectory]
             if not seeds:
                 continue
             steps = [p["step"] for p in seeds[0].trajectory]
             series = [[summary.value(stat.profile(p, r.dim)) for p in r.trajectory] for r in seeds]
-            _band(ax, steps, series, g.label, _color(design.groups, g.label))
+            _band(ax, steps, series, g.label, _color(groups, g.label))
         if summary.log:
             ax.set_yscale("log")
         ax.set_xlabel("optimizer step")
@@ -164,7 +163,7 @@ def trajectory_figure(runs: StudyRuns, design: StudyDesign, title: str) -> Figur
         ax.grid(alpha=0.3)
     if axes and axes[0].lines:
         axes[0].legend(fontsize=7)
-    figure.suptitle(f"{title}; {depth_runs_words(design)}")
+    figure.suptitle(title)
     return figure
 
 
@@ -204,18 +203,19 @@ def lr_figure(runs: StudyRuns, design: StudyDesign, max_loss: float) -> Figure:
     return figure
 
 
-def importance_figure(runs: StudyRuns, design: StudyDesign) -> Figure:
-    """Validation-loss increase when each block alone is replaced by the identity, mean with a seed band."""
+def importance_figure(groups: Sequence[FigureGroup]) -> Figure:
+    """Validation-loss increase when each block alone is replaced by the identity, each group's finished runs,
+    mean with a seed band."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
     figure = Figure(figsize=(9, 4.8), layout="constrained")
     ax = figure.subplots()
-    for g in design.groups:
-        seeds = [r for r in design.evaluation_runs(runs, g.label) if r.status == RunStatus.OK and r.importance]
+    for g in groups:
+        seeds = [r for r in g.runs if r.status == RunStatus.OK and r.importance]
         if seeds:
             x = range(1, len(seeds[0].importance) + 1)
-            _band(ax, x, [r.importance for r in seeds], g.label, _color(design.groups, g.label))
+            _band(ax, x, [r.importance for r in seeds], g.label, _color(groups, g.label))
     ax.set_yscale("symlog", linthresh=1e-3)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("block replaced by the identity")
@@ -227,17 +227,17 @@ def importance_figure(runs: StudyRuns, design: StudyDesign) -> Figure:
     return figure
 
 
-def loss_figure(runs: StudyRuns, design: StudyDesign, title: str) -> Figure:
-    """Training loss against step over the seeds of each group at its best rate (mean with a min-max band)."""
+def loss_figure(groups: Sequence[FigureGroup], title: str) -> Figure:
+    """Training loss against step over each group's finished runs (mean with a min-max band)."""
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=(8, 4.8), layout="constrained")
     ax = figure.subplots()
-    for g in design.groups:
-        seeds = [r for r in design.evaluation_runs(runs, g.label) if r.status == RunStatus.OK and r.losses]
+    for g in groups:
+        seeds = [r for r in g.runs if r.status == RunStatus.OK and r.losses]
         if seeds:
             steps = [s for s, _ in seeds[0].losses]
-            _band(ax, steps, [[v for _, v in r.losses] for r in seeds], g.label, _color(design.groups, g.label))
+            _band(ax, steps, [[v for _, v in r.losses] for r in seeds], g.label, _color(groups, g.label))
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("training loss")
     ax.set_title(title)

@@ -1,47 +1,48 @@
-"""The study report's tables, each a list of ``Column`` entries over its rows (``bhyt_pl.study.report.markdown``).
+"""The exploration's tables, each a list of ``Column`` entries over its rows (``bhyt_pl.study.report.markdown``):
+the design, the schemes at their best and at the matched rates (per-scheme columns from
+``bhyt_pl.study.report.columns``), learning-rate sensitivity, layer importance, site B's approximation, depth-wise
+growth, the claims (evaluated in ``bhyt_pl.study.protocol.claims``) and the stability sweep.
 
-Seed aggregation and verdicts come from ``bhyt_pl.study.protocol.stats``; the claims are evaluated in
-``bhyt_pl.study.protocol.claims``. The per-scheme tables take one column per summary of every registered per-layer
-statistic
-(``bhyt_pl.callbacks.layer_stats``): a statistic declared there shows here without an edit. A cell is the mean
-[95% t-interval] (min-max) over the evaluation seeds, on the scale the claims test: a statistic compared as an ln
-ratio (a magnitude, a variance) is a geometric mean with its interval back-transformed from the ln scale, so no
-interval on a positive quantity goes below 0; diverged and failed runs are left out of it.
+Seed aggregation and verdicts come from ``bhyt_pl.study.protocol.stats``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from bhyt_pl.callbacks.layer_metrics import split_layer_key
-from bhyt_pl.callbacks.layer_stats import ByScheme
 from bhyt_pl.study.protocol import stats
 from bhyt_pl.study.protocol.claims import ClaimResult, Test
 from bhyt_pl.study.protocol.design import RunKey, StudyDesign, StudyRuns, rate_key
-from bhyt_pl.study.protocol.metrics import Metric, metric, metrics, value
+from bhyt_pl.study.protocol.metrics import metric, value
 from bhyt_pl.study.protocol.plan import SELECTION_SEED
 from bhyt_pl.study.protocol.spec import RunResult, RunStatus
-from bhyt_pl.study.report.markdown import Column, ci, geometric_ci, markdown_table, num, short_ci, table
+from bhyt_pl.study.report.columns import (
+    SeedRuns,
+    diverged_cell,
+    finite_mean,
+    matched_columns,
+    per_seed,
+    run_value,
+    seed_column,
+    statistic_columns,
+)
+from bhyt_pl.study.report.markdown import Column, ci, markdown_table, num, short_ci, table
 
 __all__ = [
     "BOUND_COLUMNS",
     "GROWTH_COLUMNS",
     "GROWTH_METRICS",
-    "RUN_VALUES",
-    "SECTIONS",
     "GrowthRow",
-    "SeedRuns",
     "approximation_table",
     "bound_table",
     "claim_name",
     "deciding_interval",
     "design_table",
     "detail_table",
-    "diverged_cell",
     "flag",
-    "geometric_column",
     "group_columns",
     "group_table",
     "growth_margin",
@@ -50,140 +51,18 @@ __all__ = [
     "growth_words",
     "importance_table",
     "lr_table",
-    "matched_columns",
     "matched_table",
-    "per_seed",
-    "run_value",
-    "seed_column",
-    "statistic_columns",
     "summary_table",
     "sweep_table",
     "training_table",
 ]
 
 
-# ----------------------------------------------------------------------------- per-run values
-def _finite_mean(values: Iterable[float]) -> float:
-    finite = [v for v in values if v is not None and math.isfinite(v)]
-    return sum(finite) / len(finite) if finite else math.nan
-
-
-def _stability_last(r: RunResult, key: str) -> float:
-    steps = r.stability.get("steps", []) if r.stability else []
-    last = steps[-1].get(key) if steps else None
-    return float(last) if last is not None else math.nan
-
-
-def _stability_total(r: RunResult, key: str) -> float:
-    return float(r.stability.get(key, math.nan)) if r.stability else math.nan
-
-
-RUN_VALUES: dict[str, Callable[[RunResult], float]] = {
-    "train_loss": lambda r: r.train_loss,
-    "loss_spikes": lambda r: _stability_total(r, "loss_spikes"),
-    "grad_norm_spikes": lambda r: _stability_total(r, "grad_norm_spikes"),
-    "max_grad_layer": lambda r: _stability_last(r, "max_grad_layer"),
-    "last_attn_entropy": lambda r: _stability_last(r, "last_attn_entropy"),
-}
-"""Per-run scalars of the tables beyond the metrics (``bhyt_pl.study.protocol.metrics``): the training loss and
-StabilityMonitor's columns at its last logging step."""
-
-
-def run_value(r: RunResult, name: str) -> float:
-    """``name`` of run ``r`` at the end of training on its own scale (a metric's ln scale is for comparisons)."""
-    return RUN_VALUES[name](r) if name in RUN_VALUES else value(r, name, compare=False)
-
-
-def per_seed(runs: Sequence[RunResult], name: str) -> dict[int, float]:
-    """``{seed index: value}``; NaN for runs that diverged or failed (no pair in comparisons)."""
-    return {r.spec.seed_index: (run_value(r, name) if r.status == RunStatus.OK else math.nan) for r in runs}
-
-
-def diverged_cell(r: RunResult) -> str:
-    if r.status == RunStatus.DIVERGED:
-        return f"yes, step {r.diverged_step} (loss {num(r.diverged_loss)})"
-    if r.status == RunStatus.ERROR:
-        return f"error: {r.error}"
-    return "no"
-
-
+# ----------------------------------------------------------------------------- per-scheme tables
 def flag(design: StudyDesign, group: str) -> str:
     """The group's label, flagged when its best rate is still at an edge of the rates it tried."""
     s = design.selections.get(group)
     return f"{group} (edge: {s.edge})" if s is not None and s.edge else group
-
-
-# ----------------------------------------------------------------------------- per-scheme tables
-@dataclass(frozen=True)
-class SeedRuns:
-    """One row of a per-scheme table: a group's runs over its evaluation seeds at one rate.
-
-    Args:
-        label: the row's scheme cell (the group, flagged where the table flags edges).
-        lr: the rate.
-        runs: the evaluation-seed runs, by seed index.
-    """
-
-    label: str
-    lr: float
-    runs: list[RunResult]
-
-    @property
-    def ok(self) -> list[RunResult]:
-        return [r for r in self.runs if r.status == RunStatus.OK]
-
-
-def seed_column(header: str, name: str, digits: int = 3) -> Column[SeedRuns]:
-    """The mean [95% CI] (min-max) of ``name`` over a row's seeds."""
-    return Column(header, lambda row: ci(stats.interval(per_seed(row.runs, name).values()), digits))
-
-
-def geometric_column(header: str, name: str, digits: int = 3) -> Column[SeedRuns]:
-    """The geometric mean [95% CI back-transformed from the ln scale] (min-max) of a positive ``name`` over a row's
-    seeds: the scale of its claims (ln ratios), and an interval that cannot go below 0."""
-    return Column(header, lambda row: geometric_ci(stats.geometric_mean(per_seed(row.runs, name).values()), digits))
-
-
-def _metric_column(m: Metric) -> Column[SeedRuns]:
-    """A summary's column on its comparison scale: geometric for a metric compared as an ln ratio."""
-    return geometric_column(m.summary.header, m.name) if m.log else seed_column(m.summary.header, m.name)
-
-
-def _scheme_metric_column(m: Metric) -> Column[SeedRuns]:
-    """A statistic the scheme itself reports (``ByScheme``): ``-`` for a group whose runs do not record it (a scheme
-    without such sites), not "n/a"."""
-    aggregated = _metric_column(m)
-
-    def cell(row: SeedRuns) -> str:
-        present = any(math.isfinite(run_value(r, m.name)) for r in row.ok)
-        return aggregated.cell(row) if present else "-"
-
-    return Column(m.summary.header, cell)
-
-
-SECTIONS: dict[str, tuple[str, ...]] = {
-    "last layer": ("last",),
-    "growth": ("growth", "growth_slope"),
-    "over layers": ("layer_mean",),
-}
-"""The per-scheme tables' groups of statistic columns, by summary kind: in each, statistic by statistic in
-registration order, each statistic's summaries in declaration order."""
-
-
-def statistic_columns(section: str, claimable_only: bool = False) -> list[Column[SeedRuns]]:
-    """One column per summary of ``SECTIONS[section]``'s kinds that has a header (``claimable_only``: and a
-    margin, the summaries a claim can test)."""
-    kinds = SECTIONS[section]
-    columns = []
-    for m in metrics().values():
-        summary = m.summary
-        if summary is None or summary.kind not in kinds or not summary.header:
-            continue
-        if claimable_only and summary.margin is None:
-            continue
-        is_scheme = isinstance(m.statistic.measure, ByScheme)
-        columns.append(_scheme_metric_column(m) if is_scheme else _metric_column(m))
-    return columns
 
 
 def _seeds_ok(row: SeedRuns) -> str:
@@ -193,8 +72,8 @@ def _seeds_ok(row: SeedRuns) -> str:
 
 
 def _spikes(row: SeedRuns) -> str:
-    loss = _finite_mean(run_value(r, "loss_spikes") for r in row.ok)
-    return f"{num(loss)} / {num(_finite_mean(run_value(r, 'grad_norm_spikes') for r in row.ok))}"
+    loss = finite_mean(run_value(r, "loss_spikes") for r in row.ok)
+    return f"{num(loss)} / {num(finite_mean(run_value(r, 'grad_norm_spikes') for r in row.ok))}"
 
 
 def _max_grad_layers(row: SeedRuns) -> str:
@@ -233,18 +112,6 @@ def group_table(runs: StudyRuns, design: StudyDesign) -> str:
         else:
             rows.append([flag(design, g.label), "selection unfinished"] + ["-"] * (len(columns) - 2))
     return markdown_table([c.header for c in columns], rows)
-
-
-def matched_columns() -> list[Column[SeedRuns]]:
-    """The per-scheme table at the matched rates: the validation loss and every summary a claim can test."""
-    return [
-        Column("scheme", lambda row: row.label),
-        Column("lr", lambda row: f"{row.lr:g}"),
-        Column("seeds ok", lambda row: f"{len(row.ok)}/{len(row.runs)}"),
-        seed_column("val loss", "val_loss", 4),
-        *statistic_columns("last layer", claimable_only=True),
-        *statistic_columns("growth", claimable_only=True),
-    ]
 
 
 def matched_table(runs: StudyRuns, design: StudyDesign) -> str:
@@ -320,12 +187,12 @@ def importance_table(runs: StudyRuns, design: StudyDesign) -> str:
         if not seeds:
             continue
         n = min(len(r.importance) for r in seeds)
-        mean = [_finite_mean(r.importance[i] for r in seeds) for i in range(n)]
+        mean = [finite_mean(r.importance[i] for r in seeds) for i in range(n)]
         q = max(1, n // 4)
         quarters = [mean[i * q : (i + 1) * q] if i < 3 else mean[3 * q :] for i in range(4)]
         rows.append(
             [flag(design, g.label), str(len(seeds))]
-            + [num(_finite_mean(part)) for part in quarters]
+            + [num(finite_mean(part)) for part in quarters]
             + [str(int(max(range(n), key=lambda i: mean[i])) + 1), f"{sum(v < 0.01 for v in mean)}/{n}"]
         )
     header = ["scheme", "seeds", "mean dloss, first quarter", "second", "third", "last quarter"]
@@ -364,8 +231,8 @@ def approximation_table(runs: StudyRuns, design: StudyDesign, reference: str | N
                     for k, v in r.depth_final.items()
                     if (split := split_layer_key(k)) is not None and split[0] == stat
                 }
-                per_run.append(_finite_mean(v for i, v in layers.items() if i >= lo and (hi is None or i < hi)))
-            return num(_finite_mean(per_run))
+                per_run.append(finite_mean(v for i, v in layers.items() if i >= lo and (hi is None or i < hi)))
+            return num(finite_mean(per_run))
 
         cells = [flag(design, g.label), ratio("bhyt_moment_ratio", 0, 4), ratio("bhyt_moment_ratio", 4, None)]
         cells += [ratio("bhyt_moment_ratio_first8", 0, None), ratio("bhyt_moment_ratio_rest", 0, None)]
@@ -566,7 +433,7 @@ def detail_table(items: Sequence[ClaimResult]) -> str:
 _LETTER = {stats.REPRODUCED: "R", stats.NOT_REPRODUCED: "N", stats.INCONCLUSIVE: "."}
 
 
-def _point(p: dict) -> str:
+def _point(p: Mapping[str, float]) -> str:
     return f"{num(p['mean'])} [{num(p['low'])}, {num(p['high'])}] @{p['tokens']:,}"
 
 
