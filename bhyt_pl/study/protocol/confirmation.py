@@ -6,14 +6,23 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TypedDict
 
 from bhyt_pl.study.protocol import power_plan, stats
 from bhyt_pl.study.protocol.design import rate_key
 from bhyt_pl.study.protocol.metrics import metric, snapshots, value
 from bhyt_pl.study.protocol.spec import RunResult
 
-__all__ = ["ClaimVerdict", "Evaluation", "FamilyResult", "evaluate", "family_runs", "group_rate", "p_value"]
+__all__ = [
+    "ClaimVerdict",
+    "Evaluation",
+    "FamilyResult",
+    "FamilyTestAtStep",
+    "evaluate",
+    "family_runs",
+    "group_rate",
+    "p_value",
+]
 
 
 def group_rate(plan: power_plan.Plan) -> float:
@@ -67,6 +76,19 @@ def _verdict(p: float, alpha: float) -> str:
     return stats.CONFIRMED if p < alpha else stats.NOT_CONFIRMED
 
 
+class FamilyTestAtStep(TypedDict):
+    """A primary test at one trajectory point (uncorrected, descriptive): its pairs, mean difference, 95 %
+    interval and one-sided p-value."""
+
+    step: int
+    tokens: int
+    n: int
+    mean: float
+    low: float
+    high: float
+    p_one_sided: float
+
+
 @dataclass(frozen=True)
 class FamilyResult:
     """One primary test on the confirmation's seeds.
@@ -90,7 +112,7 @@ class FamilyResult:
     p: float
     holm_p: float
     verdict: str
-    over_training: tuple[dict[str, Any], ...] = ()
+    over_training: tuple[FamilyTestAtStep, ...] = ()
 
     @property
     def log(self) -> bool:
@@ -113,7 +135,7 @@ class FamilyResult:
         ln = self.difference if confidence == 0.95 else self.difference_90
         return stats.GeometricMean(ln)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         t = self.planned
         ratio = self.ratio()
         return {
@@ -150,7 +172,7 @@ class ClaimVerdict:
     def verdict(self) -> str:
         return self.iut.verdict if self.iut is not None else power_plan.EXPLORATORY
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         c = self.planned
         return {
             "name": c.name,
@@ -181,12 +203,12 @@ class Evaluation:
 
 def _over_training(
     t: power_plan.PlannedTest, a: Mapping[int, RunResult], b: Mapping[int, RunResult], tokens_per_step: int
-) -> list[dict[str, Any]]:
+) -> list[FamilyTestAtStep]:
     """The test at every step both sides recorded, on the seeds with a snapshot there on both sides."""
     traj_a = {i: snapshots(r) for i, r in a.items()}
     traj_b = {i: snapshots(r) for i, r in b.items()}
     steps = sorted(set().union(*traj_a.values(), set()) & set().union(*traj_b.values(), set()))
-    points = []
+    points: list[FamilyTestAtStep] = []
     for step in steps:
         seeds = sorted(i for i in set(traj_a) & set(traj_b) if step in traj_a[i] and step in traj_b[i])
         values = stats.paired_differences(
