@@ -21,7 +21,7 @@ from bhyt_pl import strict_json
 from bhyt_pl.study.cli import confirmation_plan as confirm
 from bhyt_pl.study.cli.confirmation import CONFIRMATION
 from bhyt_pl.study.cli.confirmation_plan import frozen_plan, load_pilot
-from bhyt_pl.study.protocol import power, stats
+from bhyt_pl.study.protocol import power_plan, stats
 from bhyt_pl.study.protocol.confirmation import evaluate, family_runs, p_value
 from bhyt_pl.study.record.results import StudyRecord
 
@@ -43,7 +43,7 @@ def confirmation_ln(group: str, i: int) -> float:
     }[group]
 
 
-def confirmation_runs(plan: power.Plan, pilot) -> list:
+def confirmation_runs(plan: power_plan.Plan, pilot) -> list:
     return [
         layer_run(spec, confirmation_ln(spec.group, spec.seed_index))
         for spec in confirm.confirmation_specs(plan, pilot)
@@ -68,7 +68,7 @@ def pilot(tmp_path: Path) -> confirm.Pilot:
 
 
 @pytest.fixture
-def plan(pilot: confirm.Pilot) -> power.Plan:
+def plan(pilot: confirm.Pilot) -> power_plan.Plan:
     return confirm.make_confirmation_plan(pilot, pilot.rate(), max_seeds=12)
 
 
@@ -101,7 +101,7 @@ def test_candidates_read_the_pilots_evaluation_seeds_only(tmp_path: Path) -> Non
     assert confirm.make_confirmation_plan(pilot, 3e-3).first_seed_index == 8
 
 
-def test_the_plans_seed_count_matches_an_independent_power_computation(plan: power.Plan) -> None:
+def test_the_plans_seed_count_matches_an_independent_power_computation(plan: power_plan.Plan) -> None:
     row = plan.test(MEDIAN.format("Peri-LN"))
     # by hand: pilot differences -0.9, -1.0, -0.8: mean -0.9, sd 0.1; the 80 % interval's bound nearer 0 is
     # -0.9 + t_{0.90,2} 0.1 / sqrt(3); the SD's one-sided 80 % bound is 0.1 sqrt(2 / chi2_{0.20,2}), and
@@ -118,18 +118,18 @@ def test_the_plans_seed_count_matches_an_independent_power_computation(plan: pow
     assert plan.source["candidates"] == {g: g for g in PILOT_LN_MAGNITUDE} and plan.source["rate"] == 3e-3
 
 
-def test_an_infeasible_test_trains_nothing_and_says_why(plan: power.Plan) -> None:
+def test_an_infeasible_test_trains_nothing_and_says_why(plan: power_plan.Plan) -> None:
     row = plan.test(MEDIAN.format("LNS"))
     # by hand: +0.4, -0.5, +0.6: mean 1/6, sd sqrt(0.343333); 80 % interval 1/6 +- t_{0.90,2} sd / sqrt(3)
     sd = math.sqrt(((0.4 - 1 / 6) ** 2 + (-0.5 - 1 / 6) ** 2 + (0.6 - 1 / 6) ** 2) / 2)
     low, high = 1 / 6 - T_90_2 * sd / math.sqrt(3), 1 / 6 + T_90_2 * sd / math.sqrt(3)
     assert (row.pilot_low, row.pilot_high) == pytest.approx((low, high), abs=1e-9)
-    assert row.status == power.INFEASIBLE and row.seeds is None and row.pairs == 0
+    assert row.status == power_plan.INFEASIBLE and row.seeds is None and row.pairs == 0
     assert row.reason == f"the pilot's 80% interval [{low:+.3f}, {high:+.3f}] reaches 0"
     assert "lns" not in plan.group_seeds
 
 
-def test_runs_sit_on_new_seeds_above_every_pilot_seed_with_the_pilots_settings(pilot, plan: power.Plan) -> None:
+def test_runs_sit_on_new_seeds_above_every_pilot_seed_with_the_pilots_settings(pilot, plan: power_plan.Plan) -> None:
     specs = confirm.confirmation_specs(plan, pilot)
     assert len(specs) == plan.runs == 20
     assert {s.seed_index for s in specs} == set(range(4, 9)) and min(s.seed_index for s in specs) > max(
@@ -142,7 +142,7 @@ def test_runs_sit_on_new_seeds_above_every_pilot_seed_with_the_pilots_settings(p
     assert {s.group for s in specs} == set(plan.group_seeds) and all(not s.importance for s in specs)
 
 
-def test_verdicts_read_only_the_confirmations_seeds(pilot, plan: power.Plan) -> None:
+def test_verdicts_read_only_the_confirmations_seeds(pilot, plan: power_plan.Plan) -> None:
     runs = confirmation_runs(plan, pilot)
     # the pilot's own runs of the same groups, candidates and rate, with values that would flip every verdict
     pilot_runs = [
@@ -155,7 +155,7 @@ def test_verdicts_read_only_the_confirmations_seeds(pilot, plan: power.Plan) -> 
     assert family_runs(plan, other, "bhyt") == {}
 
 
-def test_one_sided_p_values_match_scipys_paired_t_test_and_holm_runs_by_hand(pilot, plan: power.Plan) -> None:
+def test_one_sided_p_values_match_scipys_paired_t_test_and_holm_runs_by_hand(pilot, plan: power_plan.Plan) -> None:
     evaluation = evaluate(plan, confirmation_runs(plan, pilot), tokens_per_step=64)
     seeds = range(4, 9)
     for t in evaluation.tests:
@@ -186,7 +186,7 @@ def test_one_sided_p_values_match_scipys_paired_t_test_and_holm_runs_by_hand(pil
     )
 
 
-def test_one_failing_baseline_fails_the_paper_level_claim(pilot, plan: power.Plan) -> None:
+def test_one_failing_baseline_fails_the_paper_level_claim(pilot, plan: power_plan.Plan) -> None:
     (claim,) = evaluate(plan, confirmation_runs(plan, pilot)).claims
     evaluation = evaluate(plan, confirmation_runs(plan, pilot))
     components = [evaluation.test(MEDIAN.format(b)) for b in ("RMSNorm", "LayerNorm", "Peri-LN")]
@@ -205,7 +205,7 @@ def test_one_failing_baseline_fails_the_paper_level_claim(pilot, plan: power.Pla
     assert claim.verdict == stats.CONFIRMED and claim.iut.p < 0.05
 
 
-def test_a_test_without_pairs_is_untested_and_so_is_its_claim(pilot, plan: power.Plan) -> None:
+def test_a_test_without_pairs_is_untested_and_so_is_its_claim(pilot, plan: power_plan.Plan) -> None:
     runs = [r for r in confirmation_runs(plan, pilot) if r.spec.group != "peri_ln"]
     evaluation = evaluate(plan, runs)
     assert evaluation.test(MEDIAN.format("Peri-LN")).verdict == stats.UNTESTED
@@ -259,7 +259,9 @@ def test_a_restart_keeps_plan_json_and_refuses_options_that_ask_for_another(tmp_
     assert path.read_bytes() == written
 
 
-def test_the_record_round_trips_and_the_pilot_refuses_other_records(tmp_path: Path, pilot, plan: power.Plan) -> None:
+def test_the_record_round_trips_and_the_pilot_refuses_other_records(
+    tmp_path: Path, pilot, plan: power_plan.Plan
+) -> None:
     record = StudyRecord(KIND, {"tokens_per_step": 64}, confirmation_runs(plan, pilot), plan=plan)
     document = json.loads(json.dumps(record.to_dict(CONFIRMATION.sections(record)), default=str))
     again = StudyRecord.from_dict(document)

@@ -14,7 +14,7 @@ import pytest
 from study_fixtures import layer_run, pilot_spec, write_pilot
 
 from bhyt_pl.study.cli import confirmation_plan as confirm
-from bhyt_pl.study.protocol import power, stats
+from bhyt_pl.study.protocol import power_plan, stats
 from bhyt_pl.study.protocol.confirmation import Evaluation, FamilyResult, p_value
 from bhyt_pl.study.record.results import StudyRecord, load
 
@@ -33,7 +33,7 @@ T_975_2, T_95_2 = 4.302652729911275, 2.919985580355516  # Student's t quantiles 
 
 
 def _result(statistic: str, values: list[float]) -> FamilyResult:
-    planned = power.PlannedTest(
+    planned = power_plan.PlannedTest(
         f"A < B: {statistic}",
         "a",
         "b",
@@ -51,7 +51,7 @@ def _result(statistic: str, values: list[float]) -> FamilyResult:
         0.05,
         3,
         3,
-        power.PRIMARY,
+        power_plan.PRIMARY,
         "",
         3,
         0.9,

@@ -36,7 +36,7 @@ from bhyt_pl.study.cli.kinds import OnResult, PreparedStudy, StudyKind, register
 from bhyt_pl.study.cli.setup import loadavg_text
 from bhyt_pl.study.launch.execution import run_all
 from bhyt_pl.study.launch.scheduler import Scheduler
-from bhyt_pl.study.protocol import power
+from bhyt_pl.study.protocol import power, power_plan
 from bhyt_pl.study.protocol.confirmation import evaluate
 from bhyt_pl.study.protocol.spec import RunResult, TrainerSettings
 from bhyt_pl.study.record.results import StudyRecord
@@ -55,7 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--max-seeds",
         type=int,
         default=None,
-        help=f"a test needing more seeds leaves the family before any run; default {power.MAX_SEEDS} (a frozen "
+        help=f"a test needing more seeds leaves the family before any run; default {power_plan.MAX_SEEDS} (a frozen "
         "plan keeps its own)",
     )
     p.add_argument(
@@ -116,7 +116,7 @@ def _settings(pilot_settings: TrainerSettings, args: argparse.Namespace) -> Trai
     )
 
 
-def _meta(argv: Sequence[str], pilot: Pilot, plan: power.Plan, specs: Sequence[object], settings: TrainerSettings,
+def _meta(argv: Sequence[str], pilot: Pilot, plan: power_plan.Plan, specs: Sequence[object], settings: TrainerSettings,
           launcher: str) -> dict[str, object]:  # fmt: skip
     from bhyt_pl.machine import machine_info
 
@@ -165,7 +165,7 @@ class ConfirmationKind(StudyKind):
         plan_path = out / PLAN_FILE
         if (args.plan_only or args.dry_run) and not plan_path.exists():
             rate = pilot.rate(args.rate)
-            max_seeds = power.MAX_SEEDS if args.max_seeds is None else args.max_seeds
+            max_seeds = power_plan.MAX_SEEDS if args.max_seeds is None else args.max_seeds
             plan = make_confirmation_plan(pilot, rate, max_seeds, args.seeds)
         else:
             plan = frozen_plan(plan_path, pilot, args.rate, args.max_seeds, args.seeds)

@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 
-from bhyt_pl.study.protocol import power, stats
+from bhyt_pl.study.protocol import power_plan, stats
 from bhyt_pl.study.protocol.claims import CONDITIONS, CONFIRMATION_ROWS, PAPER_CLAIMS, ClaimSpec, PaperClaimSpec
 from bhyt_pl.study.protocol.confirmation import group_rate
 from bhyt_pl.study.protocol.design import StudyDesign, StudyRuns, rate_key
@@ -151,13 +151,13 @@ def candidates(
     rate: float,
     rows: Sequence[ClaimSpec] = CONFIRMATION_ROWS,
     paper: Sequence[PaperClaimSpec] = PAPER_CLAIMS,
-) -> tuple[list[power.Candidate], list[power.PaperClaim], list[str]]:
+) -> tuple[list[power_plan.Candidate], list[power_plan.PaperClaim], list[str]]:
     """The plan's inputs from the pilot: a ``Candidate`` per row whose roles map to groups with a kept candidate,
     the paper-level claims whose components all are candidates, and the names of the rows left out (a role without
     a group). A matched-arm row compares at ``rate``, a best-arm row each group at its best rate; a row whose
     condition fails on the pilot's target runs is exploratory, its reason naming the condition."""
     roles = pilot.record.meta.get("roles", {})
-    out: list[power.Candidate] = []
+    out: list[power_plan.Candidate] = []
     not_tested: list[str] = []
     for spec in rows:
         target, baseline = roles.get(spec.target), roles.get(spec.baseline)
@@ -171,7 +171,7 @@ def candidates(
             if holds is not True:
                 exploratory = f"outside its condition on the pilot's runs ({description})"
         out.append(
-            power.Candidate(
+            power_plan.Candidate(
                 name=spec.name,
                 target=target,
                 baseline=baseline,
@@ -186,7 +186,7 @@ def candidates(
         )
     names = {c.name for c in out}
     claims = [
-        power.PaperClaim(claim.statement, claim.components, claim.why)
+        power_plan.PaperClaim(claim.statement, claim.components, claim.why)
         for claim in paper
         if all(name in names for name in claim.components)
     ]
@@ -194,14 +194,14 @@ def candidates(
 
 
 def make_confirmation_plan(
-    pilot: Pilot, rate: float, max_seeds: int = power.MAX_SEEDS, seeds_override: int | None = None
-) -> power.Plan:
-    """The power plan for ``pilot`` at ``rate`` (``bhyt_pl.study.protocol.power.make_plan``); its ``source`` records the
+    pilot: Pilot, rate: float, max_seeds: int = power_plan.MAX_SEEDS, seeds_override: int | None = None
+) -> power_plan.Plan:
+    """The power plan for ``pilot`` at ``rate`` (``bhyt_pl.study.protocol.power_plan.make_plan``); its ``source`` records the
     pilot (folder, ``results.json`` SHA-256), the rate, every group's kept candidate and the rows not tested, so the
     frozen plan alone says what the confirmation trains and reads."""
     found, claims, not_tested = candidates(pilot, rate)
     design = pilot.design
-    return power.make_plan(
+    return power_plan.make_plan(
         found,
         claims,
         pilot_seed_indices=pilot.seed_indices,
@@ -217,17 +217,19 @@ def make_confirmation_plan(
     )
 
 
-def frozen_plan(path: Path, pilot: Pilot, rate: float | None, max_seeds: int | None, seeds: int | None) -> power.Plan:
-    """``path``'s plan when it exists (read back, never recomputed: ``power.load_or_create``), else a new one for
-    ``pilot`` at ``rate`` (None: its highest matched rate) with ``max_seeds`` (None: ``power.MAX_SEEDS``) and
+def frozen_plan(
+    path: Path, pilot: Pilot, rate: float | None, max_seeds: int | None, seeds: int | None
+) -> power_plan.Plan:
+    """``path``'s plan when it exists (read back, never recomputed: ``power_plan.load_or_create``), else a new one for
+    ``pilot`` at ``rate`` (None: its highest matched rate) with ``max_seeds`` (None: ``power_plan.MAX_SEEDS``) and
     ``seeds``, saved before it is returned. A frozen plan is checked against the pilot (its ``results.json`` may
     not have changed) and against the options given: one that asks for another plan is a ``ValueError``."""
     chosen = pilot.rate(rate)
 
-    def make() -> power.Plan:
-        return make_confirmation_plan(pilot, chosen, power.MAX_SEEDS if max_seeds is None else max_seeds, seeds)
+    def make() -> power_plan.Plan:
+        return make_confirmation_plan(pilot, chosen, power_plan.MAX_SEEDS if max_seeds is None else max_seeds, seeds)
 
-    plan = power.load_or_create(path, make)
+    plan = power_plan.load_or_create(path, make)
     problems = []
     if plan.source.get("pilot_results_sha256") != pilot.sha256:
         problems.append(
@@ -250,7 +252,7 @@ def frozen_plan(path: Path, pilot: Pilot, rate: float | None, max_seeds: int | N
 
 
 # ----------------------------------------------------------------------------- the runs
-def confirmation_specs(plan: power.Plan, pilot: Pilot) -> list[RunSpec]:
+def confirmation_specs(plan: power_plan.Plan, pilot: Pilot) -> list[RunSpec]:
     """The runs the plan needs: each of its groups' kept candidate at the plan's rate on the group's seed indices
     (above every pilot index), with the pilot's own settings (each spec is a pilot run's with its seed index, seeds
     and label replaced; the stability and layer-importance measurements the confirmation does not read are off).

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict, Unpack
 
 from bhyt_pl.study.protocol import stats
 from bhyt_pl.study.protocol.design import StudyDesign, StudyRuns
@@ -43,6 +43,7 @@ __all__ = [
     "PAPER_CLAIMS",
     "POST_HOC",
     "ClaimResult",
+    "ClaimAtStep",
     "ClaimSpec",
     "PaperClaimSpec",
     "Test",
@@ -140,7 +141,26 @@ CONDITIONS = {"variance_bound": _variance_bound}
 """``name -> fn(target runs) -> (holds or None when unknown, description)``."""
 
 
-def _c(statement: str, source: str, target: str, baseline: str, metric: str, arm: str, rule: str, **kw: Any):
+class _ClaimOptions(TypedDict, total=False):
+    """``ClaimSpec``'s optional fields, as the table below passes them."""
+
+    margin: float | None
+    condition: str | None
+    bound: bool
+    primary: bool
+    why: str
+
+
+def _c(
+    statement: str,
+    source: str,
+    target: str,
+    baseline: str,
+    metric: str,
+    arm: str,
+    rule: str,
+    **kw: Unpack[_ClaimOptions],
+) -> ClaimSpec:
     return ClaimSpec(statement, source, target, baseline, metric, arm, rule, **kw)
 
 
@@ -152,7 +172,10 @@ _STAR_GROWTH = "BHyT* has the lowest depth-wise growth of the {}"
 _NO_WORSE = "BHyT's loss is no worse than RMSNorm's"
 _ORDER = "the 1B eval-loss ordering BHyT < LNS < RMSNorm < Peri-LN < DyT"
 _THEOREM = "the last-layer variance is below LNS's where lambda/kappa < 1/sqrt(L)"
-_BOUND = {"condition": "variance_bound", "bound": True}  # the theorem's condition, and its verdict's caveat
+_BOUND: _ClaimOptions = {
+    "condition": "variance_bound",
+    "bound": True,
+}  # the theorem's condition, and its verdict's caveat
 _SAME_MAG = "BHyT ~ BHyT* in last-layer magnitude"
 _SAME_VAR = "BHyT ~ BHyT* in last-layer variance"
 _EXACT4 = "BHyT exact 4 layers"
@@ -285,6 +308,20 @@ OUTSIDE = "outside the theorem"
 BOUND_NOTE = " (trained last layer vs a bound stated at initialisation)"
 
 
+class ClaimAtStep(TypedDict):
+    """A claim's test at one trajectory point (uncorrected, descriptive): its pairs, mean difference, interval at
+    the report's confidence and verdict."""
+
+    step: int
+    tokens: int
+    n: int
+    mean: float
+    low: float
+    high: float
+    confidence: float
+    verdict: str
+
+
 @dataclass
 class Test:
     """One claim at one rate (best arm: one test; matched arm: one per matched rate)."""
@@ -301,7 +338,7 @@ class Test:
     holm_p_for: float = math.nan
     holm_p_against: float = math.nan
     holm_verdict: str = stats.INCONCLUSIVE
-    over_training: list[dict[str, Any]] = field(default_factory=list)
+    over_training: list[ClaimAtStep] = field(default_factory=list)
 
 
 @dataclass
@@ -329,7 +366,7 @@ class ClaimResult:
     def holm_verdict(self) -> str:
         return self._label([t.holm_verdict for t in self.tests])
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         spec = self.spec
         return {
             "statement": spec.statement,

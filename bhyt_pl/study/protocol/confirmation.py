@@ -6,21 +6,34 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TypedDict
 
-from bhyt_pl.study.protocol import power, stats
+from bhyt_pl.study.protocol import power_plan, stats
 from bhyt_pl.study.protocol.design import rate_key
 from bhyt_pl.study.protocol.metrics import metric, snapshots, value
 from bhyt_pl.study.protocol.spec import RunResult
 
-__all__ = ["ClaimVerdict", "Evaluation", "FamilyResult", "evaluate", "family_runs", "group_rate", "p_value"]
+__all__ = [
+    "ClaimVerdict",
+    "Evaluation",
+    "FamilyResult",
+    "FamilyTestAtStep",
+    "evaluate",
+    "family_runs",
+    "group_rate",
+    "p_value",
+]
 
 
-def group_rate(plan: power.Plan) -> float:
-    return float(plan.source["rate"])
+def group_rate(plan: power_plan.Plan) -> float:
+    """The learning rate the plan's tests compare at, as its ``source`` recorded it."""
+    rate = plan.source["rate"]
+    if not isinstance(rate, int | float):
+        raise ValueError(f"plan.json's source.rate must be a number, got {rate!r}")
+    return float(rate)
 
 
-def family_runs(plan: power.Plan, runs: Iterable[RunResult], group: str) -> dict[int, RunResult]:
+def family_runs(plan: power_plan.Plan, runs: Iterable[RunResult], group: str) -> dict[int, RunResult]:
     """``{seed index: run}`` of ``group``'s confirmation runs: its plan candidate at the plan's rate, on the seed
     indices the plan gave it, which lie above every pilot index. Any other run (a pilot seed, another rate or
     candidate) is left out, so a verdict never reads the pilot's data."""
@@ -29,7 +42,10 @@ def family_runs(plan: power.Plan, runs: Iterable[RunResult], group: str) -> dict
     # above every pilot index by the plan's construction (power.confirmation_seed_indices); filtered again here so
     # that no edit of plan.json can let a pilot seed into a verdict
     indices = {i for i in plan.seed_indices(group) if i > max(plan.pilot_seed_indices, default=-1)}
-    candidate, rate = plan.source["candidates"][group], rate_key(group_rate(plan))
+    candidates = plan.source["candidates"]
+    if not isinstance(candidates, Mapping):
+        raise ValueError(f"plan.json's source.candidates must map each group to its candidate, got {candidates!r}")
+    candidate, rate = candidates[group], rate_key(group_rate(plan))
     return {
         r.spec.seed_index: r
         for r in runs
@@ -60,6 +76,19 @@ def _verdict(p: float, alpha: float) -> str:
     return stats.CONFIRMED if p < alpha else stats.NOT_CONFIRMED
 
 
+class FamilyTestAtStep(TypedDict):
+    """A primary test at one trajectory point (uncorrected, descriptive): its pairs, mean difference, 95 %
+    interval and one-sided p-value."""
+
+    step: int
+    tokens: int
+    n: int
+    mean: float
+    low: float
+    high: float
+    p_one_sided: float
+
+
 @dataclass(frozen=True)
 class FamilyResult:
     """One primary test on the confirmation's seeds.
@@ -75,7 +104,7 @@ class FamilyResult:
         over_training: the same test at each trajectory point (uncorrected, descriptive).
     """
 
-    planned: power.PlannedTest
+    planned: power_plan.PlannedTest
     target_runs: tuple[str, ...]
     baseline_runs: tuple[str, ...]
     difference: stats.Interval
@@ -83,7 +112,7 @@ class FamilyResult:
     p: float
     holm_p: float
     verdict: str
-    over_training: tuple[dict[str, Any], ...] = ()
+    over_training: tuple[FamilyTestAtStep, ...] = ()
 
     @property
     def log(self) -> bool:
@@ -106,7 +135,7 @@ class FamilyResult:
         ln = self.difference if confidence == 0.95 else self.difference_90
         return stats.GeometricMean(ln)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         t = self.planned
         ratio = self.ratio()
         return {
@@ -136,14 +165,14 @@ class ClaimVerdict:
     """A paper-level claim: its plan row and, when primary, its intersection-union test over the components'
     Holm-adjusted p-values."""
 
-    planned: power.PlannedClaim
+    planned: power_plan.PlannedClaim
     iut: stats.IntersectionUnion | None = None
 
     @property
     def verdict(self) -> str:
-        return self.iut.verdict if self.iut is not None else power.EXPLORATORY
+        return self.iut.verdict if self.iut is not None else power_plan.EXPLORATORY
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         c = self.planned
         return {
             "name": c.name,
@@ -173,13 +202,13 @@ class Evaluation:
 
 
 def _over_training(
-    t: power.PlannedTest, a: Mapping[int, RunResult], b: Mapping[int, RunResult], tokens_per_step: int
-) -> list[dict[str, Any]]:
+    t: power_plan.PlannedTest, a: Mapping[int, RunResult], b: Mapping[int, RunResult], tokens_per_step: int
+) -> list[FamilyTestAtStep]:
     """The test at every step both sides recorded, on the seeds with a snapshot there on both sides."""
     traj_a = {i: snapshots(r) for i, r in a.items()}
     traj_b = {i: snapshots(r) for i, r in b.items()}
     steps = sorted(set().union(*traj_a.values(), set()) & set().union(*traj_b.values(), set()))
-    points = []
+    points: list[FamilyTestAtStep] = []
     for step in steps:
         seeds = sorted(i for i in set(traj_a) & set(traj_b) if step in traj_a[i] and step in traj_b[i])
         values = stats.paired_differences(
@@ -201,7 +230,7 @@ def _over_training(
     return points
 
 
-def evaluate(plan: power.Plan, runs: Iterable[RunResult], tokens_per_step: int = 0) -> Evaluation:
+def evaluate(plan: power_plan.Plan, runs: Iterable[RunResult], tokens_per_step: int = 0) -> Evaluation:
     """Every primary test of ``plan`` on the confirmation's runs (``family_runs``: never a pilot seed), Holm across
     them at the plan's alpha, and each paper-level claim: an intersection-union test of its components' adjusted
     p-values when it is primary, its plan status otherwise."""

@@ -183,7 +183,7 @@ class Selection:
     def candidate(self) -> str:
         return self.chosen.spec.candidate if self.chosen is not None else ""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "candidate": self.candidate,
             "lr": self.lr if self.chosen is not None else None,
@@ -273,7 +273,7 @@ class StudyDesign:
         learning rate, so profiles at different rates would compare the rates), None without one."""
         return max(self.matched_lrs) if self.matched_lrs else None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The design as ``results.json`` records it; runs are named by their labels."""
         return {
             "groups": [g.label for g in self.groups],

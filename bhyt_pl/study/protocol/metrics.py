@@ -17,10 +17,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from bhyt_pl.callbacks.layer_stats import LayerStatistic, Summary, layer_profile, statistics
-from bhyt_pl.study.protocol.spec import RunResult, RunStatus
+from bhyt_pl.study.protocol.spec import RunResult, RunStatus, TrajectoryPoint
 
 __all__ = [
     "VAL_LOSS",
@@ -34,7 +33,8 @@ __all__ = [
     "value",
 ]
 
-Snapshot = Mapping[str, Any]
+Snapshot = Mapping[str, float | list[float]]
+"""A trajectory point or the end-of-training snapshot, as a metric reads it (``TrajectoryPoint``)."""
 
 
 def trajectory_statistics() -> tuple[LayerStatistic, ...]:
@@ -42,10 +42,10 @@ def trajectory_statistics() -> tuple[LayerStatistic, ...]:
     return tuple(s for s in statistics() if s.trajectory)
 
 
-def trajectory_point(step: int, stats: dict[str, float]) -> dict[str, Any]:
+def trajectory_point(step: int, stats: Mapping[str, float]) -> TrajectoryPoint:
     """The compact record of one trajectory point: the profile of every statistic recorded along training (one
     value per layer; a statistic of several sites of a layer: their mean), its ``step`` and ``val_loss``."""
-    point: dict[str, Any] = {"step": step}
+    point: TrajectoryPoint = {"step": step}
     for stat in trajectory_statistics():
         point[stat.name] = layer_profile(stats, stat.name)
     point["val_loss"] = stats.get("val_loss", math.nan)
@@ -115,14 +115,14 @@ def metric(name: str) -> Metric:
     return known[name]
 
 
-def final_snapshot(r: RunResult) -> dict[str, Any]:
+def final_snapshot(r: RunResult) -> TrajectoryPoint:
     """The end-of-training snapshot (the run's final depth statistics and validation loss)."""
     point = trajectory_point(r.steps_done, r.depth_final)
     point["val_loss"] = r.val_loss
     return point
 
 
-def snapshots(r: RunResult) -> dict[int, dict[str, Any]]:
+def snapshots(r: RunResult) -> dict[int, TrajectoryPoint]:
     """``{step: snapshot}`` over training (``r.trajectory``); empty for a run that did not finish ok."""
     if r.status != RunStatus.OK:
         return {}

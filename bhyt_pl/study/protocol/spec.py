@@ -10,8 +10,9 @@ from __future__ import annotations
 import enum
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from bhyt_pl.callbacks.layer_metrics import layer_series
 
@@ -19,7 +20,12 @@ __all__ = [
     "RunResult",
     "RunSpec",
     "RunStatus",
+    "StabilityStep",
+    "StabilitySummary",
     "TrainerSettings",
+    "TrajectoryPoint",
+    "VarianceBound",
+    "VarianceBoundCheck",
     "legacy_label",
     "run_dirname",
     "run_label",
@@ -36,6 +42,54 @@ class RunStatus(str, enum.Enum):
 
     __str__ = str.__str__
     __format__ = str.__format__
+
+
+TrajectoryPoint = dict[str, float | list[float]]
+"""One point of a run's trajectory (``bhyt_pl.study.protocol.metrics.trajectory_point``): ``step`` (an int),
+``val_loss``, and under each statistic recorded along training (a registry name, hence not a ``TypedDict``) its
+per-layer profile."""
+
+
+class VarianceBoundCheck(TypedDict):
+    """The theorem condition ``lambda / kappa < 1 / sqrt(L)`` for each site's initial lambda, and for both."""
+
+    lambda_attn: bool
+    lambda_mlp: bool
+    all: bool
+
+
+class VarianceBound(TypedDict):
+    """A scheme's ``variance_bound`` diagnostic (BHyT's ``diagnostics``): the condition at the initial lambdas
+    and, once the model has trained, at the largest learned ``|lambda|`` of each site."""
+
+    n_layers: int
+    kappa: float
+    lambda_attn: float
+    lambda_mlp: float
+    threshold: float
+    at_init: VarianceBoundCheck
+    learned_max_lambda_attn: NotRequired[float]
+    learned_max_lambda_mlp: NotRequired[float]
+    learned_holds: NotRequired[bool]
+
+
+class StabilityStep(TypedDict):
+    """The stability monitor at one logging step: the block (1-based) with the largest gradient norm (None when
+    no norm was finite), that norm, and the last layer's attention entropy."""
+
+    step: int
+    max_grad_layer: int | None
+    max_grad_norm: float
+    last_attn_entropy: float
+
+
+class StabilitySummary(TypedDict, total=False):
+    """A run's stability record (``bhyt_pl.study.run.measure.stability_summary``): final spike counts and the
+    per-step columns; empty for a run trained without the stability monitor."""
+
+    loss_spikes: int
+    grad_norm_spikes: int
+    steps: list[StabilityStep]
 
 
 @dataclass(frozen=True)
@@ -69,9 +123,9 @@ class RunSpec:
 
     label: str
     norm: str
-    norm_args: dict[str, Any] = field(default_factory=dict)
+    norm_args: dict[str, object] = field(default_factory=dict)
     preset: str = "deep-32x128"
-    overrides: dict[str, Any] = field(default_factory=dict)
+    overrides: dict[str, object] = field(default_factory=dict)
     lr: float = 3e-3
     steps: int = 200
     seed: int = 42
@@ -128,9 +182,9 @@ class RunResult:
     losses: list[tuple[int, float]] = field(default_factory=list)
     depth_init: dict[str, float] = field(default_factory=dict)
     depth_final: dict[str, float] = field(default_factory=dict)
-    variance_bound: dict[str, Any] | None = None
-    trajectory: list[dict[str, Any]] = field(default_factory=list)
-    stability: dict[str, Any] = field(default_factory=dict)
+    variance_bound: VarianceBound | None = None
+    trajectory: list[TrajectoryPoint] = field(default_factory=list)
+    stability: StabilitySummary = field(default_factory=StabilitySummary)
     importance: list[float] = field(default_factory=list)
     importance_base_loss: float = math.nan
     wall_seconds: float = math.nan
@@ -143,11 +197,12 @@ class RunResult:
     def diverged(self) -> bool:
         return self.status == RunStatus.DIVERGED
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RunResult:
+    def from_dict(cls, data: Mapping[str, Any]) -> RunResult:
+        """The result ``to_dict`` wrote, read back from JSON (hence ``Any``: its fields' types are the ones above)."""
         data = dict(data)
         data["spec"] = RunSpec(**data["spec"])
         data["status"] = RunStatus(data.get("status", RunStatus.OK))

@@ -27,7 +27,7 @@ from typing import Any
 
 from bhyt_pl.strict_json import loads, write
 from bhyt_pl.study.protocol.design import StudyDesign, StudyRuns
-from bhyt_pl.study.protocol.power import Plan
+from bhyt_pl.study.protocol.power_plan import Plan
 from bhyt_pl.study.protocol.spec import RunResult
 from bhyt_pl.study.record.setup import RecordedSetup
 from bhyt_pl.study.record.upgrade import SCHEMA_VERSION, upgrade

@@ -19,7 +19,7 @@ from bhyt_pl.study.protocol import stats
 from bhyt_pl.study.protocol.claims import CONFIRMATION_ROWS, ClaimSpec
 from bhyt_pl.study.protocol.confirmation import ClaimVerdict, Evaluation, FamilyResult, evaluate, family_runs
 from bhyt_pl.study.protocol.metrics import metric
-from bhyt_pl.study.protocol.power import Plan, PlannedClaim, PlannedTest
+from bhyt_pl.study.protocol.power_plan import Plan, PlannedClaim, PlannedTest
 from bhyt_pl.study.protocol.spec import RunResult
 from bhyt_pl.study.record.results import StudyRecord
 from bhyt_pl.study.report.columns import SeedRuns, matched_columns

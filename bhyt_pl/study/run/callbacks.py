@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import lightning as L
 import torch
 from lightning.pytorch.loggers import Logger
+from lightning.pytorch.utilities.types import STEP_OUTPUT
 from typing_extensions import override
 
 from bhyt_pl.study.protocol.metrics import trajectory_point
+from bhyt_pl.study.protocol.spec import TrajectoryPoint
 from bhyt_pl.study.run.measure import depth_statistics
 
 __all__ = ["DivergenceMonitor", "MemoryLogger", "TrajectoryRecorder"]
@@ -60,7 +63,7 @@ class DivergenceMonitor(L.Callback):
             self.train_seconds = self._seconds()
 
     @override
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, object]:
         return {
             "losses": list(self.losses),
             "diverged_step": self.diverged_step,
@@ -78,7 +81,7 @@ class DivergenceMonitor(L.Callback):
 
     @override
     def on_train_batch_end(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: STEP_OUTPUT, batch: Any, batch_idx: int
     ) -> None:
         self.tokens += int(batch["input_ids"].numel()) * trainer.world_size
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
@@ -106,18 +109,18 @@ class TrajectoryRecorder(L.Callback):
         if every_n_steps < 1:
             raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
         self.batches, self.every_n_steps = batches, every_n_steps
-        self.points: list[dict[str, Any]] = []
+        self.points: list[TrajectoryPoint] = []
 
     @override
     def on_train_batch_end(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: STEP_OUTPUT, batch: Any, batch_idx: int
     ) -> None:
         step = trainer.global_step
         if step % self.every_n_steps == 0 and step < trainer.max_steps and not trainer.should_stop:
             self.points.append(trajectory_point(step, depth_statistics(pl_module, self.batches)))
 
     @override
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, list[TrajectoryPoint]]:
         return {"points": list(self.points)}
 
     @override
@@ -153,8 +156,8 @@ class MemoryLogger(Logger):
         for key, value in metrics.items():
             self.metrics.setdefault(key, []).append((int(step or 0), float(value)))
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, dict[str, list[tuple[int, float]]]]:
         return {"metrics": {key: list(values) for key, values in self.metrics.items()}}
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+    def load_state_dict(self, state_dict: Mapping[str, Mapping[str, Sequence[tuple[int, float]]]]) -> None:
         self.metrics = {key: [(int(s), float(v)) for s, v in values] for key, values in state_dict["metrics"].items()}

@@ -16,7 +16,7 @@ its logged metrics, and the scheme's variance-bound diagnostic.
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +26,7 @@ from bhyt_pl.callbacks import DepthStatsCollector
 from bhyt_pl.callbacks.layer_metrics import layer_key, layer_width, split_layer_key
 from bhyt_pl.callbacks.layer_stats import statistics
 from bhyt_pl.module import LlamaLM
+from bhyt_pl.study.protocol.spec import StabilityStep, StabilitySummary, VarianceBound
 
 __all__ = [
     "depth_statistics",
@@ -74,7 +75,7 @@ def depth_statistics(
         model.train(was_training)
 
 
-def stability_summary(metrics: dict[str, list[tuple[int, float]]], n_layers: int) -> dict[str, Any]:
+def stability_summary(metrics: Mapping[str, Sequence[tuple[int, float]]], n_layers: int) -> StabilitySummary:
     """StabilityMonitor's columns from its logged metrics: final spike counts and, per logging step, the
     layer (1-based) with the largest gradient norm and the last layer's attention entropy."""
     prefix = "stability/"
@@ -85,35 +86,33 @@ def stability_summary(metrics: dict[str, list[tuple[int, float]]], n_layers: int
     }
     steps = sorted({s for v in block_grads.values() for s in v})
     last = layer_key(n_layers - 1, layer_width(n_layers))
-    by_step: list[dict[str, Any]] = []
+    by_step: list[StabilityStep] = []
     for step in steps:
         grads = {i: v.get(step) for i, v in block_grads.items()}
         grads = {i: g for i, g in grads.items() if g is not None and math.isfinite(g)}
         entropy = dict(metrics.get(f"{prefix}attn_entropy/{last}", [])).get(step, math.nan)
         by_step.append(
-            {
-                "step": step,
-                "max_grad_layer": (max(grads, key=grads.get) + 1) if grads else None,
-                "max_grad_norm": max(grads.values()) if grads else math.nan,
-                "last_attn_entropy": entropy,
-            }
+            StabilityStep(
+                step=step,
+                max_grad_layer=(max(grads, key=grads.__getitem__) + 1) if grads else None,
+                max_grad_norm=max(grads.values()) if grads else math.nan,
+                last_attn_entropy=entropy,
+            )
         )
 
     def final(key: str) -> float:
         values = metrics.get(prefix + key, [])
         return values[-1][1] if values else 0.0
 
-    return {
-        "loss_spikes": int(final("loss_spikes")),
-        "grad_norm_spikes": int(final("grad_norm_spikes")),
-        "steps": by_step,
-    }
+    return StabilitySummary(
+        loss_spikes=int(final("loss_spikes")), grad_norm_spikes=int(final("grad_norm_spikes")), steps=by_step
+    )
 
 
 class _SkipBlock(nn.Module):
     """A block replaced by the identity: returns its input (the residual stream passes unchanged)."""
 
-    def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
         return x
 
 
@@ -124,7 +123,7 @@ class _CachedBlock(nn.Module):
         super().__init__()
         self.output = output
 
-    def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
         return self.output
 
 
@@ -178,7 +177,7 @@ def layer_importance(module: LlamaLM, batches: list[dict[str, torch.Tensor]]) ->
         model.train(was_training)
 
 
-def variance_bound(module: LlamaLM) -> dict[str, Any] | None:
+def variance_bound(module: LlamaLM) -> VarianceBound | None:
     """The scheme's ``variance_bound`` diagnostic (BHyT: ``lambda/kappa < 1/sqrt(L)`` at the initial and the
     learned lambdas), None for schemes without one."""
     scheme = module.config.norm_scheme()

@@ -37,7 +37,6 @@ import traceback
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 import lightning as L
 import torch
@@ -137,7 +136,7 @@ def run_one(
     started = time.perf_counter()
     earlier_seconds = 0.0  # wall seconds of the tries this one resumes
 
-    def run_state() -> dict[str, Any]:  # what the checkpoint carries besides Lightning's state
+    def run_state() -> dict[str, dict[str, float] | float]:  # what the checkpoint carries besides Lightning's state
         return {"depth_init": result.depth_init, "wall_seconds": earlier_seconds + time.perf_counter() - started}
 
     try:
