@@ -290,8 +290,8 @@ def test_a_pilot_without_what_the_confirmation_needs_is_refused(tmp_path: Path) 
     folder = write_pilot(tmp_path / "pilot")
     document = json.loads((folder / "results.json").read_text())
     document["design"]["matched_lrs"] = []
-    document["meta"]["command"] = "something else"
+    document["setup"] = None
     (folder / "results.json").write_text(json.dumps(document))
     with pytest.raises(ValueError) as err:
         load_pilot(folder)
-    assert "it has no matched rate" in str(err.value) and "no study command" in str(err.value)
+    assert "it has no matched rate" in str(err.value) and "its record holds no setup" in str(err.value)

@@ -107,9 +107,9 @@ def test_confirm_trains_the_planned_runs_and_leaves_the_pilot_alone(
     report_from(out, figures=False)
     assert (out / "report.md").read_text() == written  # the document the run wrote, rebuilt from its record
     assert main(["confirm", "--report-from", str(out)]) == 0 and (out / "results.json").read_bytes() == results
-    # the study's own --report-from names the command that reads a confirmation's record
-    assert main(["--report-from", str(out)]) == 2
-    assert "study confirm --report-from DIR" in capsys.readouterr().err
+    # one --report-from for every kind of study: the record says which kind renders it
+    (out / "report.md").unlink()
+    assert main(["--report-from", str(out)]) == 0 and (out / "report.md").read_text() == written
 
 
 def test_an_interrupted_confirmation_says_so_and_its_resume_keeps_the_total_wall_time(
@@ -185,12 +185,14 @@ def test_bad_arguments_fail_at_once_naming_each(tmp_path: Path, trained: list[st
     assert "is the pilot's folder; the confirmation writes into its own" in capsys.readouterr().err
     assert main(["confirm", "--pilot", str(pilot), "--rate", "0.01"]) == 2
     assert "--rate 0.01 is not a matched rate of the pilot; its matched rates: 0.003" in capsys.readouterr().err
-    # a pilot whose command no longer gives the data it recorded (the study's defaults changed since)
+    # a schema-1 pilot (no resolved setup) whose command does not give the data it recorded: no setup to train with
     document = json.loads((pilot / "results.json").read_text())
+    for key in ("schema_version", "kind", "setup"):
+        del document[key]
     document["meta"]["seq_len"] = 64
     (pilot / "results.json").write_text(json.dumps(document))
     assert main(["confirm", "--pilot", str(pilot)]) == 2
-    assert "no longer gives its data settings: seq_len 32 where the pilot recorded 64" in capsys.readouterr().err
+    assert "its record holds no setup" in capsys.readouterr().err
     assert trained == [] and not (pilot / "confirmation").exists()
 
 

@@ -17,8 +17,6 @@ from bhyt_pl.study.cli import confirmation_plan as confirm
 from bhyt_pl.study.protocol import power_plan, stats
 from bhyt_pl.study.protocol.confirmation import Evaluation, FamilyResult, p_value
 from bhyt_pl.study.record.results import StudyRecord, load
-
-KIND = "confirmation"
 from bhyt_pl.study.report.confirmation import (
     declared_family_table,
     declared_rows_table,
@@ -27,6 +25,8 @@ from bhyt_pl.study.report.confirmation import (
     groups_table,
     write_report,
 )
+
+KIND = "confirmation"
 
 ROOT = Path(__file__).resolve().parents[2]
 T_975_2, T_95_2 = 4.302652729911275, 2.919985580355516  # Student's t quantiles with 2 degrees of freedom

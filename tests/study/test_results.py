@@ -6,14 +6,21 @@ resumed study (total wall time, the partial marker until it finishes; an older r
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
 from study_fixtures import synthetic
 
 from bhyt_pl.study.protocol.design import Selection, StudyDesign, StudyRuns, parse_group
+from bhyt_pl.study.protocol.spec import TrainerSettings
 from bhyt_pl.study.record.invocation import Invocation
-from bhyt_pl.study.record.results import StudyRecord, load
+from bhyt_pl.study.record.results import StudyRecord, load, save
+from bhyt_pl.study.record.setup import RecordedSetup
+from bhyt_pl.study.record.upgrade import SCHEMA_VERSION, V1_SETUP_SOURCE, upgrade
+from bhyt_pl.study.run.data import StudyData
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "depth_study"
 
 
 def _record() -> StudyRecord:
@@ -32,8 +39,18 @@ def _record() -> StudyRecord:
 
 def test_a_record_reads_back_from_its_file(tmp_path: Path) -> None:
     record = _record()
-    document = record.to_dict(claims=[{"statement": "x"}], claims_not_tested=["y"])
-    assert list(document) == ["meta", "design", "claims", "claims_not_tested", "runs"]
+    document = record.to_dict({"claims": [{"statement": "x"}], "claims_not_tested": ["y"]})
+    assert list(document) == [
+        "schema_version",
+        "kind",
+        "setup",
+        "meta",
+        "design",
+        "claims",
+        "claims_not_tested",
+        "runs",
+    ]
+    assert document["schema_version"] == SCHEMA_VERSION and document["kind"] == "exploration"
     (tmp_path / "results.json").write_text(json.dumps(document))
     back = load(tmp_path)  # the folder or the file
     assert back.meta == record.meta and back.design.to_dict() == record.design.to_dict() and not back.sweep
@@ -42,34 +59,74 @@ def test_a_record_reads_back_from_its_file(tmp_path: Path) -> None:
     assert json.dumps([r.to_dict() for r in back.runs]) == json.dumps([r.to_dict() for r in record.runs])
     assert back.design.evaluation_runs(StudyRuns(back.runs), "bhyt")[1].spec.label == "bhyt@lr0.003-s2"
     sweep = StudyRecord("exploration", {"mode": "study-sweep"}, record.runs)
-    assert list(sweep.to_dict()) == ["meta", "runs"] and StudyRecord.from_dict(sweep.to_dict()).sweep
+    assert list(sweep.to_dict()) == ["schema_version", "kind", "setup", "meta", "runs"]
+    assert StudyRecord.from_dict(sweep.to_dict()).sweep
 
 
-def test_an_older_design_takes_its_frame_from_meta() -> None:
+def test_the_setup_round_trips_and_a_confirmation_trains_with_it(tmp_path: Path) -> None:
+    setup = RecordedSetup(
+        StudyData("embedded", "allenai/c4", "embedded", 32, 2, 0, 4), 4, TrainerSettings(), {"A": "a"}
+    )
+    record = StudyRecord("exploration", {}, [], setup)
+    save(tmp_path, record)
+    assert load(tmp_path).setup == setup
+
+
+def test_a_schema_1_design_takes_its_frame_from_meta() -> None:
     record = _record()
     document = json.loads(json.dumps(record.to_dict()))
+    for key in ("schema_version", "kind", "setup"):
+        del document[key]
     for key in ("groups", "lrs", "seeds", "extensions"):
         del document["design"][key]
     document["meta"].update({"lrs": [1e-3, 3e-3], "seeds": 2, "extensions": 1})
-    assert StudyRecord.from_dict(document).design.to_dict() == record.design.to_dict()
+    assert StudyRecord.from_dict(upgrade(document)).design.to_dict() == record.design.to_dict()
     document["meta"]["schemes"] = ["rmsnorm", "nonorm"]
     with pytest.raises(ValueError, match="unknown scheme 'nonorm'"):  # the groups are parsed again
-        StudyRecord.from_dict(document)
+        StudyRecord.from_dict(upgrade(document))
 
 
 def test_what_is_not_a_record_is_named(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="cannot read the study's record"):
         load(tmp_path / "missing.json")
     (tmp_path / "results.json").write_text(json.dumps({"runs": []}))
-    with pytest.raises(ValueError, match="results.json has no 'meta'"):
+    with pytest.raises(ValueError, match=r"results.json has no \['meta'\]"):
+        load(tmp_path)
+    (tmp_path / "results.json").write_text(json.dumps({"schema_version": 99, "meta": {}, "runs": []}))
+    with pytest.raises(ValueError, match="schema_version 99 is newer than this version reads"):
         load(tmp_path)
 
 
-def test_a_confirmations_record_is_named_not_read_as_a_sweep(tmp_path: Path) -> None:
-    """A confirmation's results.json has meta and runs too; read as a study's it would pass for a sweep."""
-    (tmp_path / "results.json").write_text(json.dumps({"meta": {"kind": "confirmation"}, "plan": {}, "runs": []}))
-    with pytest.raises(ValueError, match="is a confirmation's record; rebuild its report with python -m bhyt_pl study"):
-        load(tmp_path)
+def test_the_committed_schema_1_records_load_through_the_converter(caplog: pytest.LogCaptureFixture) -> None:
+    """docs/depth_study/results.json predates kind, schema_version and setup: the converter names its kind, and
+    rebuilds its setup once from its recorded command with the pinned parser, saying so; the confirmation's record
+    is a confirmation, never a sweep."""
+    raw = json.loads((DOCS / "results.json").read_text())
+    assert "schema_version" not in raw and "setup" not in raw  # the committed file as it was written
+    with caplog.at_level(logging.INFO):
+        pilot = load(DOCS)
+    assert pilot.kind == "exploration" and pilot.design is not None and len(pilot.runs) == len(raw["runs"])
+    assert pilot.setup is not None and pilot.setup.source == V1_SETUP_SOURCE
+    assert "schema 1" in caplog.text and raw["meta"]["command"] in caplog.text
+    # what its command resolved to, by hand: the default data, 4 validation batches of 8 x 64, compiled runs
+    assert pilot.setup.data == StudyData("embedded", "allenai/c4", "embedded", 64, 8, 0, 1000)
+    assert pilot.setup.val_batches == 4 and pilot.setup.settings.compile is True
+    assert pilot.setup.roles == raw["meta"]["roles"]
+    confirmation = load(DOCS / "confirmation")
+    assert confirmation.kind == "confirmation" and confirmation.plan is not None and not confirmation.setup
+    assert len(confirmation.runs) == 46
+
+
+def test_a_schema_1_command_that_cannot_say_leaves_no_setup() -> None:
+    meta = {"command": "python -m bhyt_pl study --seq-len 32", "seq_len": 64}  # the command disagrees with meta
+    assert upgrade({"meta": meta, "runs": []})["setup"] is None
+    assert upgrade({"meta": {"command": "python -m bhyt_pl study --config c.yaml"}, "runs": []})["setup"] is None
+    assert (
+        upgrade({"meta": {"command": "python -m bhyt_pl study --sweep --quick"}, "runs": []})["setup"]["data"][
+            "batch_size"
+        ]
+        == 4
+    )  # the schema-1 quick sweep's default
 
 
 def test_a_resumed_invocation_adds_its_wall_time_to_the_earlier_ones(tmp_path: Path) -> None:

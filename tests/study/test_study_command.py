@@ -172,7 +172,7 @@ def test_quick_sweep_grid(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> N
     out = tmp_path / "sweep"
     argv = ["--sweep", "--quick", "--steps", "2", "--depths", "1", "2", "--lrs", "1e-3", "100", "--seq-len", "32"]
     argv += ["--shuffle-buffer", "4", "--workers", "1", "--no-compile"]
-    with caplog.at_level("INFO", logger="bhyt_pl.study.cli.exploration"):
+    with caplog.at_level("INFO", logger="bhyt_pl.study.cli.driver"):
         assert main([*argv, "--batch-size", "2", "--schemes", "rmsnorm", "--out", str(out)]) == 0
     progress = [r.getMessage() for r in caplog.records if r.getMessage().startswith("study: run ")]
     assert [m.split(" done")[0] for m in progress] == [f"study: run {k} of 4" for k in (1, 2, 3, 4)]

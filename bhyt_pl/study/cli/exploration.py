@@ -484,7 +484,9 @@ class ExplorationKind(StudyKind):
         if record.design is None:
             return {}
         tokens_per_step = int(record.meta.get("tokens_per_step", 0))
-        items, skipped = evaluate(StudyRuns(record.runs), record.design, record.meta.get("roles", {}), tokens_per_step)
+        items, skipped = evaluate(
+            StudyRuns(record.runs), record.design, record.meta.get("roles", {}), tokens_per_step=tokens_per_step
+        )
         return {
             "claims": [c.to_dict() for c in items],
             "claims_not_tested": [f"{c.statement}: {c.target} vs {c.baseline}" for c in skipped],
