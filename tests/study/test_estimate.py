@@ -19,7 +19,7 @@ from bhyt_pl.study import main as study_main
 from bhyt_pl.study.cli import estimate
 from bhyt_pl.study.cli import exploration as command
 from bhyt_pl.study.launch.execution import run_depth_study
-from bhyt_pl.study.launch.pool import InlineLauncher
+from bhyt_pl.study.launch.inline import InlineLauncher
 from bhyt_pl.study.launch.scheduler import Scheduler
 from bhyt_pl.study.protocol.design import SchemeGroup, Selection
 from bhyt_pl.study.protocol.plan import evaluation_specs, selection_specs

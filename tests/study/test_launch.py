@@ -12,13 +12,21 @@ import pytest
 from bhyt_pl.errors import UsageError
 from bhyt_pl.study import main
 from bhyt_pl.study.cli.exploration import parser
-from bhyt_pl.study.launch.options import check_launcher, cluster_settings, make_launcher, study_name
-from bhyt_pl.study.launch.pool import InlineLauncher, ProcessPoolLauncher
-from bhyt_pl.study.launch.submitit_launcher import SubmititLauncher
+from bhyt_pl.study.launch.cluster_settings import LocalSettings, SlurmSettings
+from bhyt_pl.study.launch.inline import InlineLauncher
+from bhyt_pl.study.launch.options import (
+    LaunchOptions,
+    check_launcher,
+    cluster_settings,
+    make_launcher,
+    study_name,
+)
+from bhyt_pl.study.launch.pool import ProcessPoolLauncher
+from bhyt_pl.study.launch.submitit_local import LocalJobLauncher
 
 
-def _args(*argv: str):
-    return parser().parse_args(list(argv))
+def _args(*argv: str) -> LaunchOptions:
+    return LaunchOptions.from_values(vars(parser().parse_args(list(argv))))
 
 
 def test_the_pool_needs_no_cluster_settings_and_runs_inline_with_one_worker(tmp_path: Path) -> None:
@@ -39,7 +47,8 @@ def test_slurm_options_map_to_submitits_names() -> None:
         "module load cuda", "--max-concurrent", "16", "--retries", "3", "--accelerator", "gpu",
     )  # fmt: skip
     settings = cluster_settings(args)
-    assert (settings.cluster, settings.partition, settings.account, settings.qos) == ("slurm", "gpu", "proj", "high")
+    assert isinstance(settings, SlurmSettings)
+    assert (settings.partition, settings.account, settings.qos) == ("gpu", "proj", "high")
     assert (settings.timeout_min, settings.cpus_per_task, settings.mem_gb) == (240, 8, 64.0)
     assert settings.gpus_per_node == 1  # a GPU accelerator: one GPU per run unless --gpus-per-run says otherwise
     assert settings.additional_parameters == {"constraint": "a100", "exclusive": True}
@@ -80,8 +89,8 @@ def test_jobs_are_named_after_the_study_folder() -> None:
 def test_the_local_launcher_is_submitits_and_holds_the_folder(tmp_path: Path) -> None:
     launcher = make_launcher(_args("--launcher", "local", "--timeout-min", "5"), len, tmp_path / "s", None)
     try:
-        assert isinstance(launcher, SubmititLauncher) and launcher.study == "bhyt-s"
-        assert launcher.settings.cluster == "local" and launcher.settings.timeout_min == 5
+        assert isinstance(launcher, LocalJobLauncher) and launcher.study == "bhyt-s"
+        assert isinstance(launcher.settings, LocalSettings) and launcher.settings.timeout_min == 5
         with pytest.raises(UsageError, match="another study driver"):
             launcher.records.__class__(tmp_path / "s").lock()  # a second driver on the folder is refused
     finally:

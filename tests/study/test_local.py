@@ -1,5 +1,5 @@
-"""The local launchers (``bhyt_pl.study.launch.pool``): both implement the launcher protocol, report a run that raised
-as failed, and a small study trained through the process pool gives the inline launcher's results; on GPUs (their
+"""The process pool (``bhyt_pl.study.launch.pool``): it implements the launcher protocol, reports a run that raised
+as failed, and a small study trained through it gives the inline launcher's results; on GPUs (their
 count mocked: no GPU here) each pool worker owns one visible GPU, also after a worker died."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from bhyt_pl.errors import UsageError
 from bhyt_pl.study import main
 from bhyt_pl.study.launch import pool as local
 from bhyt_pl.study.launch.launcher import Launcher, RunState
-from bhyt_pl.study.launch.pool import InlineLauncher, ProcessPoolLauncher, available_cpus, local_workers
+from bhyt_pl.study.launch.pool import ProcessPoolLauncher, available_cpus, local_workers
 from bhyt_pl.study.protocol.spec import RunResult, RunSpec
 
 
@@ -51,29 +51,6 @@ def _drain(launcher: Launcher, n: int) -> list:
     while len(final) < n:
         final += [e for e in launcher.poll(timeout=None) if e.state in (RunState.DONE, RunState.FAILED)]
     return final
-
-
-def test_inline_launcher_trains_one_run_per_poll_in_start_order() -> None:
-    trained: list[str] = []
-    launcher = InlineLauncher(lambda spec: trained.append(spec.label) or scripted_run(spec))
-    assert isinstance(launcher, Launcher)
-    assert launcher.poll() == []  # nothing started: nothing changes
-    launcher.start(SPECS[:2])
-    launcher.start([RunSpec(label="bad", norm="boom"), SPECS[2]])
-    assert trained == []  # starting trains nothing yet
-    first = launcher.poll()
-    assert [(e.spec.label, e.state) for e in first] == [("r0", RunState.DONE)] and trained == ["r0"]
-    assert first[0].result.val_loss == 0.0
-    rest = _drain(launcher, 3)
-    assert [(e.spec.label, e.state) for e in rest] == [
-        ("r1", RunState.DONE),
-        ("bad", RunState.FAILED),
-        ("r2", RunState.DONE),
-    ]
-    assert rest[1].error == "RuntimeError: no run for bad" and rest[1].result is None
-    launcher.start([SPECS[3]])
-    launcher.close()  # queued runs are dropped
-    assert launcher.poll() == []
 
 
 @pytest.mark.slow

@@ -19,9 +19,9 @@ import torch
 
 from bhyt_pl.callbacks import norm_refresh
 from bhyt_pl.study.cli import exploration as command
-from bhyt_pl.study.launch import submitit_launcher as slurm
+from bhyt_pl.study.launch import submitit_job
 from bhyt_pl.study.protocol.spec import RunResult, RunSpec, TrainerSettings, run_dirname
-from bhyt_pl.study.run import runner
+from bhyt_pl.study.run import preemption, runner
 from bhyt_pl.study.run.callbacks import DivergenceMonitor
 from bhyt_pl.study.run.preemption import RunCheckpointOnPreemption, RunPreempted, preemption_requested, saved_run_state
 from bhyt_pl.study.run.runner import run_one
@@ -52,13 +52,13 @@ def preempt_at(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[list[int], lis
             super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
             steps.append(trainer.global_step)
             if trainer.global_step in stop:
-                slurm._PREEMPTED.set()
+                preemption._PREEMPTED.set()
 
     monkeypatch.setattr(runner, "DivergenceMonitor", Recording)
     try:
         yield stop, steps
     finally:
-        slurm._PREEMPTED.clear()
+        preemption._PREEMPTED.clear()
 
 
 def _comparable(result: RunResult) -> str:
@@ -91,7 +91,7 @@ def test_a_preempted_run_resumes_at_the_next_step_with_the_uninterrupted_result(
     assert steps == [1, 2, 3]
     assert (run_dir / "last.ckpt").is_file() and not (run_dir / "result.json").exists()
     assert [p.name for p in run_dir.iterdir() if p.name.endswith(".tmp")] == []
-    slurm._PREEMPTED.clear()  # the job's requeued process starts without the request
+    preemption._PREEMPTED.clear()  # the job's requeued process starts without the request
     assert not preemption_requested()
 
     steps.clear()
@@ -128,7 +128,7 @@ def test_a_run_preempted_between_two_refreshes_of_c_ends_with_the_uninterrupted_
     stop.append(6)
     with pytest.raises(RunPreempted):
         run_one(spec, setup.data, batches, TrainerSettings(), tmp_path / "preempted")
-    slurm._PREEMPTED.clear()
+    preemption._PREEMPTED.clear()
     steps.clear()
     resumed = run_one(spec, setup.data, batches, TrainerSettings(), tmp_path / "preempted")
     assert steps == [7, 8, 9, 10] and resumed.status == "ok", resumed.error
@@ -227,12 +227,12 @@ def test_sigterm_at_a_step_saves_the_run_through_lightnings_own_sigterm_handling
     )  # fmt: skip
     exit_code: object = "no exit"
     try:
-        slurm.CheckpointableRun(run, grace_s=600.0)(spec)
+        submitit_job.CheckpointableRun(run, grace_s=600.0)(spec)
     except SystemExit as exc:
         exit_code = exc.code
     except KeyboardInterrupt:  # Lightning's SIGTERM exit without the job's save: a failure here, not a suite's Ctrl-C
         exit_code = "KeyboardInterrupt"
-    assert exit_code == slurm.TERMINATED_EXIT_CODE and in_a_job == []  # no requeue, nothing bypassed
+    assert exit_code == submitit_job.TERMINATED_EXIT_CODE and in_a_job == []  # no requeue, nothing bypassed
     assert steps == [1, 2, 3] and (run_dir / "last.ckpt").is_file() and not (run_dir / "result.json").exists()
     assert not preemption_requested() and signal.getsignal(signal.SIGTERM).__name__ == "bypass"  # restored
     steps.clear()

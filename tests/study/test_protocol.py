@@ -15,7 +15,7 @@ import pytest
 from study_fixtures import BASE, fake_result
 
 from bhyt_pl.study.launch.execution import adopt_legacy_run, run_all, run_depth_study
-from bhyt_pl.study.launch.pool import InlineLauncher
+from bhyt_pl.study.launch.inline import InlineLauncher
 from bhyt_pl.study.launch.scheduler import Scheduler
 from bhyt_pl.study.protocol.claims import evaluate
 from bhyt_pl.study.protocol.design import StudyDesign, parse_group

@@ -1,7 +1,8 @@
-"""``SubmititLauncher`` against a fake SLURM on PATH (tests/study/fake_slurm: ``sbatch`` runs the generated script
-here, ``sacct`` answers from the fake's state) and against submitit's local executor, with cheap run functions
-(``fake_slurm.jobs``) that jobs import by name. Tests marked ``slow`` start real job processes (each pays a
-Python and torch start); the others hold the fake's jobs in its queue (``FAKE_SLURM_HOLD``)."""
+"""``SlurmLauncher`` (and the job side it shares with ``LocalJobLauncher``) against a fake SLURM on PATH
+(tests/study/fake_slurm: ``sbatch`` runs the generated script here, ``sacct`` answers from the fake's state) and
+against submitit's local executor, with cheap run functions (``fake_slurm.jobs``) that jobs import by name. Tests
+marked ``slow`` start real job processes (each pays a Python and torch start); the others hold the fake's jobs in its
+queue (``FAKE_SLURM_HOLD``)."""
 
 from __future__ import annotations
 
@@ -20,20 +21,18 @@ import submitit
 import torch
 from fake_slurm.cluster import FakeSlurm
 from fake_slurm.jobs import expected_loss, quick_run, stepped_loss, stepped_run
-from submitit.core.utils import FailedJobError
 
 from bhyt_pl.errors import UsageError
-from bhyt_pl.study.launch import submitit_launcher as slurm
+from bhyt_pl.study.launch.cluster_settings import LocalSettings, SlurmSettings
 from bhyt_pl.study.launch.job_records import JobRecords
+from bhyt_pl.study.launch.job_states import JobPhase
 from bhyt_pl.study.launch.launcher import Launcher, RunEvent, RunState
-from bhyt_pl.study.launch.submitit_launcher import (
-    CheckpointableRun,
-    ClusterSettings,
-    RunPreempted,
-    SubmititLauncher,
-    preemption_requested,
-)
+from bhyt_pl.study.launch.slurm import SlurmLauncher, SlurmRun, sacct_states
+from bhyt_pl.study.launch.submitit_base import SubmititLauncher
+from bhyt_pl.study.launch.submitit_job import TERMINATED_EXIT_CODE, CheckpointableRun
+from bhyt_pl.study.launch.submitit_local import LocalJobLauncher
 from bhyt_pl.study.protocol.spec import RunSpec
+from bhyt_pl.study.run.preemption import RunPreempted, preemption_requested
 
 HERE = Path(__file__).resolve().parent
 FINAL = (RunState.DONE, RunState.FAILED)
@@ -66,10 +65,12 @@ def local_jobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-def settings(**changes) -> ClusterSettings:
+TIMINGS = dict(timeout_min=10, poll_interval_s=0.2, result_wait_s=1.0, lost_after_s=60.0, signal_delay_s=30)
+
+
+def settings(**changes) -> SlurmSettings:
     """Settings with test timings: sacct every 0.2 s, a result waited on for 1 s, a job lost after 60 s."""
-    values = dict(timeout_min=10, poll_interval_s=0.2, result_wait_s=1.0, lost_after_s=60.0, signal_delay_s=30)
-    return ClusterSettings(**{**values, **changes})
+    return SlurmSettings(**{**TIMINGS, **changes})
 
 
 def spec(label: str, folder: Path, **overrides) -> RunSpec:
@@ -113,35 +114,35 @@ def fresh(folder: Path) -> Path:
 # ----------------------------------------------------------------------------- settings
 def test_settings_name_every_bad_field_at_once() -> None:
     with pytest.raises(ValueError, match="invalid cluster settings") as error:
-        ClusterSettings(cluster="pbs", timeout_min=0, cpus_per_task=0, retries=-1, lost_after_s=0, mem_gb=-2)
+        SlurmSettings(timeout_min=0, cpus_per_task=0, retries=-1, lost_after_s=0, mem_gb=-2)
     message = str(error.value)
-    for part in ("cluster must be one of slurm, local, got 'pbs'", "timeout_min must be an integer >= 1, got 0",
+    for part in ("timeout_min must be an integer >= 1, got 0",
                  "cpus_per_task", "retries", "lost_after_s", "mem_gb"):  # fmt: skip
         assert part in message
     with pytest.raises(ValueError, match=r"signal_delay_s \(120\) must be shorter than the time limit"):
-        ClusterSettings(timeout_min=2, signal_delay_s=120)
+        SlurmSettings(timeout_min=2, signal_delay_s=120)
     with pytest.raises(TypeError, match="setup must be a list of shell lines, got the string"):
-        ClusterSettings(setup="module load cuda")
+        SlurmSettings(setup="module load cuda")
 
 
 def test_a_study_name_that_is_no_job_name_is_refused(tmp_path: Path, held: FakeSlurm) -> None:
     with pytest.raises(UsageError, match="study name 'my study' is not a job name"):
-        SubmititLauncher(settings(), tmp_path / "study", "my study", quick_run)
+        SlurmLauncher(settings(), tmp_path / "study", "my study", quick_run)
 
 
 def test_slurm_without_srun_on_path_names_the_local_alternative(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(UsageError, match="cluster 'local' runs here"):
-        SubmititLauncher(settings(), tmp_path / "study", "study", quick_run)
+        SlurmLauncher(settings(), tmp_path / "study", "study", quick_run)
 
 
 # ----------------------------------------------------------------------------- the driver
 def test_one_driver_per_study_folder(tmp_path: Path, held: FakeSlurm) -> None:
-    first = SubmititLauncher(settings(), tmp_path / "study", "study", quick_run)
+    first = SlurmLauncher(settings(), tmp_path / "study", "study", quick_run)
     with pytest.raises(UsageError, match=rf"another study driver \(pid {os.getpid()} on .*\) is using"):
-        SubmititLauncher(settings(), tmp_path / "study", "study", quick_run)
+        SlurmLauncher(settings(), tmp_path / "study", "study", quick_run)
     first.close()
-    SubmititLauncher(settings(), tmp_path / "study", "study", quick_run).close()  # free again
+    SlurmLauncher(settings(), tmp_path / "study", "study", quick_run).close()  # free again
 
 
 # ----------------------------------------------------------------------------- submission, SLURM path
@@ -160,7 +161,7 @@ def test_the_sbatch_script_holds_the_requested_resources(tmp_path: Path, held: F
         signal_delay_s=120,
     )
     specs = [spec(f"run{i}", tmp_path) for i in range(3)]
-    with SubmititLauncher(chosen, tmp_path / "study", "depth", quick_run) as launcher:
+    with SlurmLauncher(chosen, tmp_path / "study", "depth", quick_run) as launcher:
         assert isinstance(launcher, Launcher)
         launcher.start(specs)
         (call,) = held.log("sbatch")
@@ -184,9 +185,28 @@ def test_the_sbatch_script_holds_the_requested_resources(tmp_path: Path, held: F
     assert {t["state"] for t in held.tasks().values()} == {"CANCELLED"}
 
 
+def test_job_states_come_from_sacct_first_word_and_map_to_phases(tmp_path: Path, held: FakeSlurm) -> None:
+    with SlurmLauncher(settings(), tmp_path / "study", "s", quick_run) as launcher:
+        launcher.start([spec(x, tmp_path) for x in "ab"])
+        jobs = [launcher._job("1000_0"), launcher._job("1000_1"), launcher._job("999")]
+        assert isinstance(jobs[0], submitit.SlurmJob)
+        assert launcher._job_states(jobs) == {"1000_0": "PENDING", "1000_1": "PENDING"}  # 999: no entry
+        held.end("1000_1", "CANCELLED")
+        states = launcher._job_states(jobs)
+        assert states == {"1000_0": "PENDING", "1000_1": "CANCELLED"}
+        phases = [launcher._phase(states.get(job.job_id, "")) for job in jobs]
+        assert phases == [JobPhase.QUEUED, JobPhase.ENDED, JobPhase.MISSING]
+        assert launcher._batch(2, 5) == (5, 2) and launcher.executor._executor.parameters["array_parallelism"] == 2
+
+
+def test_sacct_that_does_not_answer_leaves_the_states_unknown(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sacct
+    assert sacct_states(["1000_0"]) is None
+
+
 def test_max_concurrent_caps_the_study_across_arrays(tmp_path: Path, held: FakeSlurm) -> None:
     """SLURM throttles within one array (%N); a second array waits until the first leaves room under the cap."""
-    with SubmititLauncher(settings(max_concurrent=2, retries=0), tmp_path / "study", "s", quick_run) as launcher:
+    with SlurmLauncher(settings(max_concurrent=2, retries=0), tmp_path / "study", "s", quick_run) as launcher:
         launcher.start([spec(x, tmp_path) for x in "abc"])
         launcher.start([spec("d", tmp_path)])
         assert [c["options"]["array"] for c in held.log("sbatch")] == ["0-2%2"]  # d is held by the launcher
@@ -201,7 +221,7 @@ def test_max_concurrent_caps_the_study_across_arrays(tmp_path: Path, held: FakeS
 
 
 def test_a_job_lost_without_accounting_is_cancelled_and_resubmitted(tmp_path: Path, held: FakeSlurm) -> None:
-    with SubmititLauncher(settings(lost_after_s=1.5), tmp_path / "study", "s", quick_run) as launcher:
+    with SlurmLauncher(settings(lost_after_s=1.5), tmp_path / "study", "s", quick_run) as launcher:
         launcher.start([spec("a", tmp_path)])
         launcher.poll(3.0)
         launcher.poll(3.0)  # pending in sacct for 3 s: waited for, not lost
@@ -220,24 +240,24 @@ def test_a_job_lost_without_accounting_is_cancelled_and_resubmitted(tmp_path: Pa
 
 
 def test_a_driver_killed_before_recording_its_job_adopts_it_on_restart(tmp_path: Path, held: FakeSlurm) -> None:
-    with SubmititLauncher(settings(), tmp_path / "study", "s", quick_run) as launcher:
+    with SlurmLauncher(settings(), tmp_path / "study", "s", quick_run) as launcher:
         launcher.start([spec("a", tmp_path), spec("b", tmp_path)])
     (tmp_path / "study" / "jobs.jsonl").unlink()  # as if sbatch had answered and the driver died at once
-    with SubmititLauncher(settings(), tmp_path / "study", "s", quick_run) as launcher:
+    with SlurmLauncher(settings(), tmp_path / "study", "s", quick_run) as launcher:
         launcher.start([spec("a", tmp_path), spec("b", tmp_path)])
         assert len(held.log("sbatch")) == 1
         assert records(tmp_path / "study") == [("submitted", "a", "1000_0", 1), ("submitted", "b", "1000_1", 1)]
 
 
 def test_a_changed_spec_with_its_old_job_still_queued_is_refused(tmp_path: Path, held: FakeSlurm) -> None:
-    with SubmititLauncher(settings(), tmp_path / "study", "s", quick_run) as launcher:
+    with SlurmLauncher(settings(), tmp_path / "study", "s", quick_run) as launcher:
         launcher.start([spec("a", tmp_path)])
     changed = replace(spec("a", tmp_path), lr=0.01)
-    with SubmititLauncher(settings(), tmp_path / "study", "s", quick_run) as launcher:
+    with SlurmLauncher(settings(), tmp_path / "study", "s", quick_run) as launcher:
         with pytest.raises(UsageError, match=r"run 'a' has job\(s\) 1000 .* with other settings, still queued"):
             launcher.start([changed])
     held.end("1000", "CANCELLED")
-    with SubmititLauncher(settings(), tmp_path / "study", "s", quick_run) as launcher:
+    with SlurmLauncher(settings(), tmp_path / "study", "s", quick_run) as launcher:
         launcher.start([changed])  # the old run is over: the new one starts at try 1
         assert records(tmp_path / "study")[-1] == ("submitted", "a", "1002", 1)
 
@@ -296,9 +316,10 @@ def test_the_preemption_signal_waits_for_the_run_then_hands_over_to_submitit(che
 
 
 def test_outside_a_job_the_run_keeps_the_signal_alone(torch_threads, monkeypatch) -> None:
-    monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
     monkeypatch.setenv("SLURM_CPUS_PER_TASK", "2")
-    assert CheckpointableRun(lambda spec: torch.get_num_threads(), cpus_per_task=5)(RunSpec("a", "rmsnorm")) == 2
+    assert SlurmRun(lambda spec: torch.get_num_threads(), cpus_per_task=5)(RunSpec("a", "rmsnorm")) == 2
+    # a local job inside a SLURM allocation inherits its variables: its threads follow the settings
+    assert CheckpointableRun(lambda spec: torch.get_num_threads(), cpus_per_task=5)(RunSpec("a", "rmsnorm")) == 5
     assert signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
 
@@ -356,7 +377,7 @@ def test_sigterm_in_a_job_saves_at_the_step_end_then_exits_without_requeueing(su
     run, stopped = _signalled_at(5, signal.SIGTERM)
     with pytest.raises(SystemExit) as exit_info:
         CheckpointableRun(run, grace_s=600.0)(RunSpec(label="a", norm="rmsnorm"))
-    assert exit_info.value.code == 128 + signal.SIGTERM == slurm.TERMINATED_EXIT_CODE
+    assert exit_info.value.code == 128 + signal.SIGTERM == TERMINATED_EXIT_CODE
     assert stopped == [5] and submitit_signals == []  # at the step's end; neither of submitit's handlers ran
     assert not preemption_requested()
     assert signal.getsignal(signal.SIGTERM).__name__ == "bypass"  # submitit's handler is back
@@ -380,7 +401,7 @@ def test_a_run_stopped_by_sigterm_without_saving_exits_the_same_way(submitit_sig
 
     with pytest.raises(SystemExit) as exit_info:
         CheckpointableRun(run, grace_s=600.0)(RunSpec(label="a", norm="rmsnorm"))
-    assert exit_info.value.code == slurm.TERMINATED_EXIT_CODE and submitit_signals == []
+    assert exit_info.value.code == TERMINATED_EXIT_CODE and submitit_signals == []
 
 
 @pytest.mark.parametrize("stop", [KeyboardInterrupt, SystemExit(3)], ids=["KeyboardInterrupt", "SystemExit"])
@@ -396,33 +417,6 @@ def test_a_run_ending_with_a_base_exception_in_a_job_is_a_recorded_error(submiti
     assert isinstance(error.value.__cause__, (KeyboardInterrupt, SystemExit)) and submitit_signals == []
 
 
-LEAFSPEC = "UserWarning: LeafSpec is deprecated (a warning printed last, not the cause)"
-TRACE = f"""Traceback (most recent call last):
-  File "job.py", line 3, in run
-    raise ValueError(message)
-ValueError: first line of the message
-second line
-{LEAFSPEC}
-"""
-
-
-def test_a_failed_jobs_reason_is_its_exception_and_the_log_only_without_one(tmp_path: Path) -> None:
-    job = submitit.LocalJob(folder=tmp_path / "%j", job_id="42")
-    recorded = FailedJobError(f"Job (task=0) failed during processing with trace:\n----------------------\n{TRACE}"
-                              "\n----------------------\nYou can check full logs with 'job.stderr(0)'")  # fmt: skip
-    assert slurm._job_error(recorded, job) == f"ValueError: first line of the message (log: {job.paths.stderr})"
-    assert slurm.exception_line(TRACE) == "ValueError: first line of the message"
-    assert slurm.exception_line(f"{LEAFSPEC}\n") is None
-    job.paths.stderr.parent.mkdir(parents=True)
-    job.paths.stderr.write_text(f"starting\n{TRACE}")  # a process that died of an exception nobody recorded
-    assert (
-        slurm._log_tail(job)
-        == f"; its log's last exception: 'ValueError: first line of the message' ({job.paths.stderr})"
-    )
-    job.paths.stderr.write_text(f"step 3\n{LEAFSPEC}\n")  # killed: no exception anywhere, the last line it is
-    assert slurm._log_tail(job) == f"; its log ends: {LEAFSPEC!r} ({job.paths.stderr})"
-
-
 # ----------------------------------------------------------------------------- real jobs, fake SLURM
 @pytest.mark.slow
 def test_failed_tries_are_resubmitted_until_the_retries_are_spent(tmp_path: Path, fake: FakeSlurm) -> None:
@@ -433,7 +427,7 @@ def test_failed_tries_are_resubmitted_until_the_retries_are_spent(tmp_path: Path
     killed, erred = spec("killed", tmp_path, gate=str(gate)), spec("erred", tmp_path, error_tries=1)
     broken = spec("broken", tmp_path, fail_tries=9)
     interrupted = spec("interrupted", tmp_path, interrupt_tries=1)
-    with SubmititLauncher(settings(retries=1, cpus_per_task=3), tmp_path / "study", "s", quick_run) as launcher:
+    with SlurmLauncher(settings(retries=1, cpus_per_task=3), tmp_path / "study", "s", quick_run) as launcher:
         launcher.start([killed, erred, broken, interrupted])
         fake.wait_for("1000_0", "RUNNING")
         wait_until(lambda: (tmp_path / "traces" / "killed.calls").exists(), what="the run started")
@@ -473,12 +467,12 @@ def test_failed_tries_are_resubmitted_until_the_retries_are_spent(tmp_path: Path
 def test_a_restarted_driver_submits_nothing_queued_running_or_done(tmp_path: Path, fake: FakeSlurm) -> None:
     gate = tmp_path / "gate"
     specs = [spec("done", tmp_path), spec("running", tmp_path, gate=str(gate)), spec("queued", tmp_path)]
-    with SubmititLauncher(settings(max_concurrent=1), tmp_path / "study", "s", quick_run) as first:
+    with SlurmLauncher(settings(max_concurrent=1), tmp_path / "study", "s", quick_run) as first:
         first.start(specs)
         assert drain(first, {"done"})["done"][-1].state == RunState.DONE
         fake.wait_for("1000_1", "RUNNING")
     # the first driver is gone; its jobs are not
-    with SubmititLauncher(settings(max_concurrent=1), tmp_path / "study", "s", quick_run) as second:
+    with SlurmLauncher(settings(max_concurrent=1), tmp_path / "study", "s", quick_run) as second:
         second.start(specs)
         assert len(fake.log("sbatch")) == 1
         states = {}
@@ -501,7 +495,7 @@ def test_a_preempted_slurm_job_is_requeued_and_resumes_where_it_stopped(tmp_path
     calls ``scontrol requeue``, and the same job runs again from the saved step, to the uninterrupted result."""
     run = replace(spec("stepped", tmp_path, hold_at_step=3), steps=30)  # its first start waits at step 3
     progress = tmp_path / "traces" / "stepped.progress.json"
-    with SubmititLauncher(settings(), tmp_path / "study", "s", stepped_run) as launcher:
+    with SlurmLauncher(settings(), tmp_path / "study", "s", stepped_run) as launcher:
         launcher.start([run])
         wait_until(lambda: progress.exists() and json.loads(progress.read_text())["step"] == 3, what="step 3")
         assert os.system("scancel 1000 --signal USR2") == 0
@@ -524,7 +518,7 @@ def test_a_sigterm_preempted_slurm_job_saves_and_its_next_try_resumes_where_it_s
     uninterrupted result (submitit alone would bypass SIGTERM and lose every step at the SIGKILL)."""
     run = replace(spec("stepped", tmp_path, hold_at_step=3), steps=30)
     progress = tmp_path / "traces" / "stepped.progress.json"
-    with SubmititLauncher(settings(retries=1), tmp_path / "study", "s", stepped_run) as launcher:
+    with SlurmLauncher(settings(retries=1), tmp_path / "study", "s", stepped_run) as launcher:
         launcher.start([run])
         wait_until(lambda: progress.exists() and json.loads(progress.read_text())["step"] == 3, what="step 3")
         assert os.system("scancel 1000 --signal TERM") == 0
@@ -550,12 +544,12 @@ def test_the_local_executor_runs_each_run_as_a_job_throttled(local_jobs: Path) -
     torch's threads at the CPUs per task, with the results of the run function called directly."""
     tmp_path, gate = local_jobs, local_jobs / "gate"
     specs = [spec("first", tmp_path, gate=str(gate)), spec("second", tmp_path)]
-    chosen = settings(cluster="local", max_concurrent=1, timeout_min=10, cpus_per_task=3)
-    with SubmititLauncher(chosen, tmp_path / "study", "s", quick_run) as first:
+    chosen = LocalSettings(**TIMINGS | dict(max_concurrent=1, timeout_min=10, cpus_per_task=3))
+    with LocalJobLauncher(chosen, tmp_path / "study", "s", quick_run) as first:
         first.start(specs)
         wait_until(lambda: (tmp_path / "traces" / "first.calls").exists(), what="the first run started")
         assert [r[1] for r in records(tmp_path / "study")] == ["first"]  # the second waits for a free slot
-    with SubmititLauncher(chosen, tmp_path / "study", "s", quick_run) as second:
+    with LocalJobLauncher(chosen, tmp_path / "study", "s", quick_run) as second:
         try:
             second.start(specs)
             states = {e.spec.label: e.state for e in second.poll(10.0)}
@@ -584,8 +578,8 @@ def test_a_preempted_local_job_resumes_from_its_checkpoint_with_the_same_result(
     tmp_path = local_jobs
     run = replace(spec("stepped", tmp_path, hold_at_step=3), steps=30)  # its first start waits at step 3
     progress = tmp_path / "traces" / "stepped.progress.json"
-    chosen = settings(cluster="local", timeout_min=10)
-    with SubmititLauncher(chosen, tmp_path / "study", "s", stepped_run) as launcher:
+    chosen = LocalSettings(**TIMINGS | dict(timeout_min=10))
+    with LocalJobLauncher(chosen, tmp_path / "study", "s", stepped_run) as launcher:
         try:
             launcher.start([run])
             wait_until(lambda: progress.exists() and json.loads(progress.read_text())["step"] == 3, what="step 3")

@@ -290,15 +290,18 @@ def test_help_shows_seeds_lrs_and_workers() -> None:
 
 def test_workers_default_to_the_cpus_this_process_may_use(monkeypatch: pytest.MonkeyPatch) -> None:
     from bhyt_pl.study.launch import pool as local
-    from bhyt_pl.study.launch.options import check_launcher
+    from bhyt_pl.study.launch.options import LaunchOptions, check_launcher
+
+    def _options(argv: list[str]) -> LaunchOptions:
+        return LaunchOptions.from_values(vars(command.parser().parse_args(argv)))
 
     monkeypatch.setattr(local.os, "sched_getaffinity", lambda pid: {0, 3, 5}, raising=False)
     assert command.parser().parse_args([]).workers is None  # decided by the launcher: CPUs here, GPUs with one
-    assert check_launcher(command.parser().parse_args([])) == 3
-    assert check_launcher(command.parser().parse_args(["--workers", "2"])) == 2
+    assert check_launcher(_options([])) == 3
+    assert check_launcher(_options(["--workers", "2"])) == 2
     monkeypatch.delattr(local.os, "sched_getaffinity")
     monkeypatch.setattr(local.os, "cpu_count", lambda: None)
-    assert check_launcher(command.parser().parse_args([])) == 1
+    assert check_launcher(_options([])) == 1
 
 
 def test_compile_flag_defaults_and_switches() -> None:

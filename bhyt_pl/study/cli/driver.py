@@ -8,7 +8,6 @@ the document rewritten after every run, and Ctrl-C: exit 130, with the line that
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 import time
@@ -21,7 +20,7 @@ import torch
 from bhyt_pl.study.cli.config_file import expand_config_files
 from bhyt_pl.study.cli.kinds import KINDS, PreparedStudy, StudyKind, kind_for_command, study_parser
 from bhyt_pl.study.cli.setup import loadavg_text
-from bhyt_pl.study.launch.options import check_launcher, interrupted_runs, make_launcher
+from bhyt_pl.study.launch.options import LaunchOptions, check_launcher, interrupted_runs, make_launcher
 from bhyt_pl.study.launch.scheduler import Scheduler, progress_line
 from bhyt_pl.study.protocol.spec import RunResult, RunStatus, TrainerSettings
 from bhyt_pl.study.record.invocation import Invocation
@@ -79,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         prepared = kind.prepare(values, rest)
         if prepared.stop is not None:
             return prepared.stop
-        launch = argparse.Namespace(**{**values, "accelerator": _settings(prepared).accelerator})
+        launch = LaunchOptions.from_values({**values, "accelerator": _settings(prepared).accelerator})
         workers = check_launcher(launch)  # bad workers, devices or cluster settings: before any run
         if args.dry_run:
             if prepared.dry_run is None:
@@ -97,7 +96,7 @@ def _settings(prepared: PreparedStudy) -> TrainerSettings:
 
 
 def _run(
-    kind: StudyKind, prepared: PreparedStudy, values: Mapping[str, object], launch: argparse.Namespace, workers: int
+    kind: StudyKind, prepared: PreparedStudy, values: Mapping[str, object], launch: LaunchOptions, workers: int
 ) -> int:
     """Train ``prepared``'s runs through the launcher, the record and the document after each."""
     from lightning.pytorch.utilities.rank_zero import rank_zero_only

@@ -25,11 +25,14 @@ import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal, TypeAlias, cast
 
 from bhyt_pl.errors import UsageError
 
-__all__ = ["RECORDS_FILE", "Event", "JobRecord", "JobRecords"]
+if TYPE_CHECKING:
+    from bhyt_pl.study.protocol.spec import RunSpec
+
+__all__ = ["RECORDS_FILE", "Event", "JobRecord", "JobRecords", "JsonValue", "SpecData", "spec_dict"]
 
 RECORDS_FILE = "jobs.jsonl"
 """The record's name in the study folder."""
@@ -37,6 +40,16 @@ RECORDS_FILE = "jobs.jsonl"
 LOCK_FILE = "jobs.lock"
 
 Event = Literal["submitted", "done", "failed", "cancelled"]
+
+JsonValue: TypeAlias = "str | int | float | bool | None | list[JsonValue] | dict[str, JsonValue]"
+SpecData = dict[str, JsonValue]
+"""A ``RunSpec`` as the record stores it: JSON data (tuples read back as lists)."""
+
+
+def spec_dict(spec: RunSpec) -> SpecData:
+    """The spec as plain JSON data: what the record stores and compares (tuples read back as lists)."""
+    return cast(SpecData, json.loads(json.dumps(asdict(spec), default=str)))
+
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +76,7 @@ class JobRecord:
     job_id: str
     attempt: int
     time: float
-    spec: dict[str, Any] | None = None
+    spec: SpecData | None = None
     array: str | None = None
     throttle: int | None = None
     error: str | None = None

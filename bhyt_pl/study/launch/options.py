@@ -1,32 +1,41 @@
 """Where a study's runs train, chosen on the command line: ``--launcher pool|local|slurm``.
 
-- ``pool`` (default): this machine, ``--workers`` runs at once in a process pool (one run after another in
-  this process with ``--workers 1``); with a GPU accelerator each worker owns one GPU (``bhyt_pl.study.launch.pool``).
-- ``local``: every run is a job of submitit's local executor: a process of its own that survives this driver,
-  checkpoints on preemption and is found again by a restarted driver; the same code path as a cluster.
-- ``slurm``: every run is a SLURM job (job arrays), submitted with submitit
-(``bhyt_pl.study.launch.submitit_launcher``).
+- ``pool`` (default): this machine, ``--workers`` runs at once in a process pool (``bhyt_pl.study.launch.pool``;
+  one run after another in this process with ``--workers 1``, ``bhyt_pl.study.launch.inline``); with a GPU
+  accelerator each worker owns one GPU.
+- ``local``: every run is a job of submitit's local executor (``bhyt_pl.study.launch.submitit_local``): a process
+  of its own that survives this driver, checkpoints on preemption and is found again by a restarted driver; the
+  same code path as a cluster.
+- ``slurm``: every run is a SLURM job (job arrays), submitted with submitit (``bhyt_pl.study.launch.slurm``).
 
-The cluster options follow submitit's ``AutoExecutor`` names (``ClusterSettings``). This module turns the parsed
-options into a ``Launcher`` for the study's scheduler; ``study`` and ``study confirm`` share it.
+The cluster options follow submitit's ``AutoExecutor`` names (``bhyt_pl.study.launch.cluster_settings``). This
+module turns the parsed options (``LaunchOptions``) into a ``Launcher`` for the study's scheduler; ``study`` and
+``study confirm`` share it.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from bhyt_pl.errors import UsageError
+from bhyt_pl.study.launch.cluster_settings import ClusterSettings, SbatchLines
+from bhyt_pl.study.launch.inline import InlineLauncher
 from bhyt_pl.study.launch.launcher import Launcher
-from bhyt_pl.study.launch.pool import InlineLauncher, ProcessPoolLauncher, local_workers
-from bhyt_pl.study.launch.submitit_launcher import ClusterSettings, SubmititLauncher
+from bhyt_pl.study.launch.pool import ProcessPoolLauncher, local_workers
+from bhyt_pl.study.launch.slurm import SlurmLauncher
+from bhyt_pl.study.launch.submitit_base import SubmititLauncher
+from bhyt_pl.study.launch.submitit_local import LocalJobLauncher
 from bhyt_pl.study.protocol.spec import RunResult, RunSpec
 
 __all__ = [
     "LAUNCHERS",
+    "LaunchOptions",
     "add_launcher_arguments",
     "check_launcher",
     "cluster_settings",
@@ -35,9 +44,51 @@ __all__ = [
     "study_name",
 ]
 
-LAUNCHERS = ("pool", "local", "slurm")
+POOL = "pool"
+SUBMITIT_LAUNCHERS: dict[str, type[SubmititLauncher]] = {"local": LocalJobLauncher, "slurm": SlurmLauncher}
+"""``--launcher`` choices that run each run as a submitit job: the launcher class of each (it names its settings)."""
+LAUNCHERS = (POOL, *SUBMITIT_LAUNCHERS)
 
 _DEFAULTS = ClusterSettings()
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """The launcher's options as the command line gives them (``add_launcher_arguments``, and ``--accelerator``,
+    ``--devices``, ``--workers`` of the study's hardware group); field names are the flags' argparse dests."""
+
+    launcher: str = POOL
+    workers: int | None = None
+    accelerator: str = "cpu"
+    devices: int | str | None = "1"
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    timeout_min: int = _DEFAULTS.timeout_min
+    gpus_per_run: int | None = None
+    cpus_per_task: int = _DEFAULTS.cpus_per_task
+    mem_gb: float | None = None
+    sbatch: tuple[str, ...] = ()
+    setup: tuple[str, ...] = ()
+    max_concurrent: int = _DEFAULTS.max_concurrent
+    retries: int = _DEFAULTS.retries
+    lost_after_s: float = _DEFAULTS.lost_after_s
+    poll_interval_s: float = _DEFAULTS.poll_interval_s
+    signal_delay_s: int = _DEFAULTS.signal_delay_s
+
+    def __post_init__(self) -> None:
+        if self.launcher not in LAUNCHERS:
+            raise UsageError(f"--launcher must be one of {', '.join(LAUNCHERS)}, got {self.launcher!r}")
+        object.__setattr__(self, "sbatch", tuple(self.sbatch))
+        object.__setattr__(self, "setup", tuple(self.setup))
+
+    @classmethod
+    def from_values(cls, values: Mapping[str, object]) -> LaunchOptions:
+        """The options among ``values`` (``vars(args)``: other keys are ignored; a missing one keeps its default)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{name: value for name, value in values.items() if name in names})  # type: ignore[arg-type]
 
 
 def add_launcher_arguments(parser: argparse.ArgumentParser) -> None:
@@ -98,8 +149,8 @@ def add_launcher_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _sbatch_lines(items: list[str]) -> dict[str, Any]:
-    lines: dict[str, Any] = {}
+def _sbatch_lines(items: tuple[str, ...]) -> SbatchLines:
+    lines: SbatchLines = {}
     for item in items:
         key, eq, value = item.partition("=")
         key = key.strip().lstrip("-")
@@ -109,33 +160,38 @@ def _sbatch_lines(items: list[str]) -> dict[str, Any]:
     return lines
 
 
-def cluster_settings(args: argparse.Namespace) -> ClusterSettings | None:
-    """The submitit settings of ``--launcher local|slurm``; None for the pool. Bad values: one ``UsageError``."""
-    if args.launcher == "pool":
-        return None
-    gpus = args.gpus_per_run
+def _settings_values(options: LaunchOptions) -> dict[str, object]:
+    """Every cluster setting the options give, by ``ClusterSettings``' field names (each executor picks its own)."""
+    gpus = options.gpus_per_run
     if gpus is None:
-        gpus = 1 if str(args.accelerator).lower() in ("gpu", "cuda") else 0
+        gpus = 1 if str(options.accelerator).lower() in ("gpu", "cuda") else 0
+    return {
+        "partition": options.partition,
+        "account": options.account,
+        "qos": options.qos,
+        "timeout_min": options.timeout_min,
+        "gpus_per_node": gpus,
+        "cpus_per_task": options.cpus_per_task,
+        "mem_gb": options.mem_gb,
+        "additional_parameters": _sbatch_lines(options.sbatch),
+        "setup": options.setup,
+        "max_concurrent": options.max_concurrent,
+        "retries": options.retries,
+        "lost_after_s": options.lost_after_s,
+        "poll_interval_s": options.poll_interval_s,
+        "signal_delay_s": options.signal_delay_s,
+    }
+
+
+def _settings(options: LaunchOptions) -> tuple[ClusterSettings, list[str]] | None:
+    """The submitit settings of ``--launcher local|slurm`` and the options its executor ignores; None for the pool."""
+    launcher = SUBMITIT_LAUNCHERS.get(options.launcher)
+    if launcher is None:
+        return None
     try:
-        return ClusterSettings(
-            cluster=args.launcher,
-            partition=args.partition,
-            account=args.account,
-            qos=args.qos,
-            timeout_min=args.timeout_min,
-            gpus_per_node=gpus,
-            cpus_per_task=args.cpus_per_task,
-            mem_gb=args.mem_gb,
-            additional_parameters=_sbatch_lines(args.sbatch),
-            setup=tuple(args.setup),
-            max_concurrent=args.max_concurrent,
-            retries=args.retries,
-            lost_after_s=args.lost_after_s,
-            poll_interval_s=args.poll_interval_s,
-            signal_delay_s=args.signal_delay_s,
-        )
+        return launcher.settings_class.from_values(_settings_values(options))
     except ValueError as exc:
-        # ClusterSettings names its fields; say them as the flags the user typed
+        # the settings name their fields; say them as the flags the user typed
         text = re.sub(r"\b(gpus_per_node)\b", "--gpus-per-run", str(exc))
         for name in ("timeout_min", "cpus_per_task", "max_concurrent", "retries", "mem_gb", "lost_after_s",
                      "poll_interval_s", "signal_delay_s"):  # fmt: skip
@@ -143,22 +199,25 @@ def cluster_settings(args: argparse.Namespace) -> ClusterSettings | None:
         raise UsageError(text) from exc
 
 
-def check_launcher(args: argparse.Namespace) -> int:
+def cluster_settings(options: LaunchOptions) -> ClusterSettings | None:
+    """The submitit settings of ``--launcher local|slurm`` (``LocalSettings``, ``SlurmSettings``); None for the
+    pool. Bad values: one ``UsageError`` naming the flag."""
+    settings = _settings(options)
+    return None if settings is None else settings[0]
+
+
+def check_launcher(options: LaunchOptions) -> int:
     """Checks the launcher's options before any work and returns the pool's worker count (1 for a cluster: its
     jobs run alone). Bad values raise one ``UsageError`` naming the flag."""
-    if cluster_settings(args) is not None:
+    if cluster_settings(options) is not None:
         return 1
-    return local_workers(args.accelerator, args.workers, args.devices)[0]
+    return local_workers(options.accelerator, options.workers, options.devices)[0]
 
 
 def interrupted_runs(launcher: str) -> str:
     """What becomes of the runs in training when the driver is interrupted, for its last line before it exits."""
-    if launcher == "pool":
-        return "this machine's workers stop"
-    if launcher == "local":
-        # submitit starts a local job's processes in the driver's process group: a terminal's Ctrl-C reaches them
-        return "its local jobs go on unless the interrupt reached them too (a Ctrl-C in the terminal does)"
-    return "its queued and running jobs go on"
+    submitit_launcher = SUBMITIT_LAUNCHERS.get(launcher)
+    return "this machine's workers stop" if submitit_launcher is None else submitit_launcher.interrupted_runs
 
 
 def study_name(out: Path) -> str:
@@ -168,21 +227,24 @@ def study_name(out: Path) -> str:
 
 
 def make_launcher(
-    args: argparse.Namespace, run: Callable[[RunSpec], RunResult], out: Path, workers: int | None
+    options: LaunchOptions, run: Callable[[RunSpec], RunResult], out: Path, workers: int | None
 ) -> Launcher:
-    """The launcher ``args`` asks for, training ``run`` for the study in ``out``.
+    """The launcher ``options`` ask for, training ``run`` for the study in ``out``.
 
     Args:
-        args: the parsed options (``add_launcher_arguments`` and ``--accelerator``).
+        options: the launcher's options.
         run: the run function, picklable (a worker or a job calls it).
         out: the study folder; a cluster's jobs write there, so it must be on a filesystem they share.
-        workers: runs at once in the pool (``--workers``; None: ``local_workers``' default); the cluster launchers
-            ignore it.
+        workers: runs at once in the pool (``check_launcher``'s count; None: ``local_workers``' default); the
+            cluster launchers ignore it.
     """
-    settings = cluster_settings(args)
-    if settings is None:
-        count, devices = local_workers(args.accelerator, workers, args.devices)
+    chosen = _settings(options)
+    if chosen is None:
+        count, devices = local_workers(options.accelerator, workers, options.devices)
         if count == 1:  # in this process; with a GPU accelerator its run takes the first visible GPU
             return InlineLauncher(run)
         return ProcessPoolLauncher(run, count, devices=devices)
-    return SubmititLauncher(settings, Path(out).absolute(), study_name(out), run)
+    settings, ignored = chosen
+    for name in ignored:
+        log.warning("cluster settings: %s is ignored by the %s executor", name, settings.executor)
+    return SUBMITIT_LAUNCHERS[options.launcher](settings, Path(out).absolute(), study_name(out), run)

@@ -1,14 +1,11 @@
-"""The two launchers that train a study's runs on this machine (``bhyt_pl.study.launch.launcher.Launcher``), and how
-many
-local workers a study gets (``local_workers``):
+"""The process pool that trains a study's runs on this machine (``--workers N``), and how many local workers a
+study gets (``local_workers``).
 
-- ``InlineLauncher`` (``--workers 1``): each run in this process, one per ``poll``: nothing is pickled, and a
-  monkeypatched function or a debugger sees the run;
-- ``ProcessPoolLauncher`` (``--workers N``): N spawned worker processes with one torch thread each, so N runs
-  share the cores without oversubscribing them; on GPUs each worker owns one of them (``devices``).
-
-Both report a run that raised as ``FAILED`` with the exception's text; a run that trained and recorded its own
-failure (``RunResult.status == "error"``) is ``DONE``.
+``ProcessPoolLauncher`` (a ``bhyt_pl.study.launch.launcher.Launcher``): N spawned worker processes with one torch
+thread each, so N runs share the cores without oversubscribing them; on GPUs each worker owns one of them
+(``devices``). It reports a run that raised as ``FAILED`` with the exception's text; a run that trained and recorded
+its own failure (``RunResult.status == "error"``) is ``DONE``. With one worker the study trains in its own process
+instead (``bhyt_pl.study.launch.inline``).
 """
 
 from __future__ import annotations
@@ -16,7 +13,6 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
-from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -28,7 +24,7 @@ from bhyt_pl.errors import UsageError
 from bhyt_pl.study.launch.launcher import RunEvent, RunState
 from bhyt_pl.study.protocol.spec import RunResult, RunSpec
 
-__all__ = ["InlineLauncher", "ProcessPoolLauncher", "available_cpus", "local_workers", "visible_gpus"]
+__all__ = ["ProcessPoolLauncher", "RunFunction", "available_cpus", "failure_text", "local_workers", "visible_gpus"]
 
 RunFunction = Callable[[RunSpec], RunResult]
 
@@ -60,7 +56,7 @@ def _uses_gpu(accelerator: str) -> bool:
     return name in GPU_ACCELERATORS or (name == "auto" and torch.cuda.device_count() > 0)
 
 
-def local_workers(accelerator: str, workers: int | None, devices: int | str = 1) -> tuple[int, list[str] | None]:
+def local_workers(accelerator: str, workers: int | None, devices: int | str | None = 1) -> tuple[int, list[str] | None]:
     """How many local workers train a study's runs, and the GPU each one owns (``None``: no GPU is assigned).
 
     One GPU per worker, so every run sees exactly one device as ``cuda:0`` and keeps ``devices=1``: with a GPU
@@ -71,7 +67,8 @@ def local_workers(accelerator: str, workers: int | None, devices: int | str = 1)
     Args:
         accelerator: the runs' ``--accelerator``.
         workers: ``--workers``; ``None``: the default above.
-        devices: the runs' ``--devices`` (``1`` or ``"1"``: one device per run).
+        devices: the runs' ``--devices`` (``1`` or ``"1"``: one device per run; None: the runs decide, and no
+            GPU is assigned).
 
     Raises:
         UsageError: ``workers`` below 1, a GPU accelerator without a visible GPU, or more workers than GPUs.
@@ -95,44 +92,9 @@ def local_workers(accelerator: str, workers: int | None, devices: int | str = 1)
     return workers, gpus[:workers]
 
 
-def _failure(exc: BaseException) -> str:
+def failure_text(exc: BaseException) -> str:
+    """How a run that raised is reported: the exception's type and message."""
     return f"{type(exc).__name__}: {exc}"
-
-
-class InlineLauncher:
-    """Trains the started runs in this process, in start order, one per ``poll`` call.
-
-    Args:
-        run: trains one run (``functools.partial(run_one, ...)``).
-
-    Example:
-        >>> from bhyt_pl.study.run.runner import RunResult, RunSpec
-        >>> launcher = InlineLauncher(lambda spec: RunResult(spec))
-        >>> launcher.start([RunSpec(label="a", norm="rmsnorm")])
-        >>> [(e.spec.label, e.state.value) for e in launcher.poll()]
-        [('a', 'done')]
-    """
-
-    def __init__(self, run: RunFunction) -> None:
-        self.run = run
-        self._queue: deque[RunSpec] = deque()
-
-    def start(self, specs: Sequence[RunSpec]) -> None:
-        self._queue.extend(specs)
-
-    def poll(self, timeout: float | None = None) -> list[RunEvent]:
-        """Trains the next queued run and reports it (however long it takes: ``timeout`` cannot cut a run short
-        in this process); an empty list when nothing is queued."""
-        if not self._queue:
-            return []
-        spec = self._queue.popleft()
-        try:
-            return [RunEvent(spec, RunState.DONE, result=self.run(spec))]
-        except Exception as exc:  # noqa: BLE001 - a run that raised is one failed run, not the end of the study
-            return [RunEvent(spec, RunState.FAILED, error=_failure(exc))]
-
-    def close(self) -> None:
-        self._queue.clear()
 
 
 def _alive(pid: int) -> bool:
@@ -224,7 +186,7 @@ class ProcessPoolLauncher:
                 try:
                     events.append(RunEvent(spec, RunState.DONE, result=future.result()))
                 except Exception as exc:  # noqa: BLE001 - a run that raised, or one lost with a broken pool, fails alone
-                    events.append(RunEvent(spec, RunState.FAILED, error=_failure(exc)))
+                    events.append(RunEvent(spec, RunState.FAILED, error=failure_text(exc)))
             elif future not in self._running and future.running() and len(self._running) < self.workers:
                 # the pool marks a run running once it sits in its call queue (workers + 1 of them), not when a
                 # worker takes it: the first `workers` of them, in submission order, are the ones training

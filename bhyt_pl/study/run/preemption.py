@@ -1,7 +1,7 @@
 """A study run stopped by its job's preemption or time limit, and resumed where it stopped.
 
 ``preemption_requested()`` is set inside a submitit job when its preemption or timeout signal, or SIGTERM,
-arrives (``bhyt_pl.study.launch.submitit_launcher``). ``RunCheckpointOnPreemption`` reads it at the end of every
+arrives (``bhyt_pl.study.launch.submitit_job``). ``RunCheckpointOnPreemption`` reads it at the end of every
 optimizer step (one flag
 read); when it is set, the callback saves the whole run to ``<run folder>/last.ckpt`` and raises
 ``RunPreempted``. The checkpoint is Lightning's (``trainer.save_checkpoint``: model, optimizer, LR scheduler, loop

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from bhyt_pl.study.launch.submitit_launcher import RunPreempted, preemption_requested
 from bhyt_pl.study.protocol.spec import RunResult, RunSpec
+from bhyt_pl.study.run.preemption import RunPreempted, preemption_requested
 
 
 def _call_number(spec: RunSpec) -> int:
