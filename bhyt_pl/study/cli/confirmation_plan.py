@@ -197,8 +197,8 @@ def make_confirmation_plan(
     pilot: Pilot, rate: float, max_seeds: int = power_plan.MAX_SEEDS, seeds_override: int | None = None
 ) -> power_plan.Plan:
     """The power plan for ``pilot`` at ``rate`` (``bhyt_pl.study.protocol.power_plan.make_plan``); its ``source``
-    records the pilot (folder, ``results.json`` SHA-256), the rate, every group's kept candidate and the rows not tested, so the
-    frozen plan alone says what the confirmation trains and reads."""
+    records the pilot (folder, ``results.json`` SHA-256), the rate, every group's kept candidate and the rows not
+    tested, so the frozen plan alone says what the confirmation trains and reads."""
     found, claims, not_tested = candidates(pilot, rate)
     design = pilot.design
     return power_plan.make_plan(
