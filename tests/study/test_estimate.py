@@ -48,7 +48,7 @@ def test_run_range_matches_a_hand_count(tmp_path: Path) -> None:
     assert (runs.minimum, runs.maximum) == (12, 12)
     # one matched rate 3e-3: best 3e-3 -> 1 rate x 2 seeds a group (4); best elsewhere -> 2 rates x 2 seeds (8)
     setup = _setup(tmp_path, *SMALL, "--extensions", "1", "--matched-lrs", "3e-3")
-    runs = estimate.run_range(setup.design(), setup.args.matched_lrs)
+    runs = estimate.run_range(setup.design(), setup.options.matched_lrs)
     assert (runs.minimum, runs.maximum) == (4 + 4, 4 + 2 + 8)
     # the default study as docs/depth_study.md counts it: 33 selection runs, up to 9 extensions, 27 x 2..3
     runs = estimate.run_range(_setup(tmp_path).design())
@@ -58,7 +58,7 @@ def test_run_range_matches_a_hand_count(tmp_path: Path) -> None:
 def _protocol_count(setup: command.StudySetup, loss, tmp_path: Path) -> int:
     """The runs ``run_depth_study`` submits when each run's validation loss is ``loss(spec)`` (nothing trains)."""
     scheduler = Scheduler(InlineLauncher(lambda spec: RunResult(spec, val_loss=loss(spec))), tmp_path, resume=False)
-    run_depth_study(setup.design(), setup.base, scheduler, matched_lrs=setup.args.matched_lrs)
+    run_depth_study(setup.design(), setup.base, scheduler, matched_lrs=setup.options.matched_lrs)
     return scheduler.submitted
 
 

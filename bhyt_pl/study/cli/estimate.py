@@ -44,7 +44,7 @@ from bhyt_pl.study.protocol.spec import RunResult, RunSpec, legacy_label
 from bhyt_pl.study.run.runner import build_module
 
 if TYPE_CHECKING:
-    from bhyt_pl.study.cli.setup import StudySetup
+    from bhyt_pl.study.cli.setup import StudyOptions, StudySetup
 
 __all__ = [
     "DEFAULT_MFU",
@@ -103,7 +103,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def check_arguments(args: argparse.Namespace) -> None:
+def check_arguments(args: StudyOptions) -> None:
     """``UsageError`` naming every bad dry-run option, before any work."""
     problems = []
     if not (0 < args.mfu <= 1):
@@ -348,7 +348,7 @@ class StudyCost:
 def study_cost(setup: StudySetup) -> StudyCost:
     """``setup``'s run range, reusable runs and training FLOPs (``bhyt_pl.flops.training_flops_per_token`` times
     each run's tokens); reads ``--out``, writes nothing."""
-    budget, args = setup.budget, setup.args
+    budget, args = setup.budget, setup.options
     tokens = budget.steps * budget.batch_size * budget.seq_len
     design = setup.design()
     if design is None:
@@ -358,7 +358,7 @@ def study_cost(setup: StudySetup) -> StudyCost:
         flops = [training_flops_per_token(_config(s), budget.seq_len) * tokens for s in specs]
         low = high = sum(flops)
     else:
-        matched = getattr(args, "matched_lrs", None)
+        matched = args.matched_lrs
         runs = run_range(design, matched)
         reused = [] if args.restart else reusable_runs(design, setup.base, setup.out, matched)
         flops = [training_flops_per_token(setup.config, budget.seq_len) * tokens]
@@ -403,7 +403,7 @@ def dry_run_text(
     """What ``--dry-run`` prints: the runs (a range for the depth study), the runs ``--out`` already holds, tokens
     and training FLOPs per run and in total, GPU-hours, the CPU time from ``probe`` (None: unknown) with ``workers``
     runs at once, and the assumptions."""
-    budget, args = setup.budget, setup.args
+    budget, args = setup.budget, setup.options
     cost = study_cost(setup)
     runs = cost.runs
     lines = [f"study dry run ({setup.mode}, --out {setup.out}): nothing is trained or written", ""]
@@ -411,7 +411,7 @@ def dry_run_text(
     if design is None:
         lines.append(f"runs: {runs.minimum} (the sweep's grid: schemes x depths x rates x seeds)")
     else:
-        matched = "--matched-lrs" if getattr(args, "matched_lrs", None) is not None else "the default rule"
+        matched = "--matched-lrs" if args.matched_lrs is not None else "the default rule"
         lines += [
             f"runs: {runs.minimum} to {runs.maximum} ({len(design.groups)} groups, {len(design.lrs)} rates, "
             f"{design.n_seeds} evaluation seeds, up to {design.extensions} extension(s) a group)",
@@ -476,7 +476,7 @@ def _first_spec(setup: StudySetup) -> RunSpec:
 def dry_run(setup: StudySetup, workers: int = 1) -> int:
     """``--dry-run``: check the options, probe the CPU pace (``--probe-steps``; CPU only), print the estimate for
     ``workers`` runs at once; 0 on success. Trains no run and makes no folder."""
-    args = setup.args
+    args = setup.options
     check_arguments(args)
     probe = None
     if setup.settings.accelerator == "cpu" and args.probe_steps > 0:

@@ -43,7 +43,7 @@ from bhyt_pl.study.cli import estimate
 from bhyt_pl.study.cli.arguments import StudyArgumentParser
 from bhyt_pl.study.cli.config_file import expand_config_files
 from bhyt_pl.study.cli.kinds import OnResult, PreparedStudy, StudyKind, register_kind, study_parser
-from bhyt_pl.study.cli.setup import Budget, StudySetup
+from bhyt_pl.study.cli.setup import Budget, StudyOptions, StudySetup
 from bhyt_pl.study.launch.execution import run_all, run_depth_study
 from bhyt_pl.study.launch.scheduler import Scheduler
 from bhyt_pl.study.protocol.claims import evaluate
@@ -267,14 +267,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         p.add_argument(flag, action=_Removed, help=argparse.SUPPRESS)
 
 
-def _literal(text: str) -> Any:
+def _literal(text: str) -> object:
     try:
         return ast.literal_eval(text)
     except (ValueError, SyntaxError):
         return text
 
 
-def _parse_overrides(items: Sequence[str]) -> dict[str, Any]:
+def _parse_overrides(items: Sequence[str]) -> dict[str, object]:
     overrides = {}
     for item in items:
         key, eq, value = item.partition("=")
@@ -284,11 +284,11 @@ def _parse_overrides(items: Sequence[str]) -> dict[str, Any]:
     return overrides
 
 
-def resolve(args: argparse.Namespace) -> tuple[Budget, dict[str, Any]]:
+def resolve(args: argparse.Namespace) -> tuple[Budget, dict[str, object]]:
     """The budget (mode defaults, then explicit options) and the model overrides; fails early on bad values."""
     base = (SWEEP_QUICK if args.quick else SWEEP) if args.sweep else (QUICK if args.quick else FULL)
 
-    def pick(name: str, value: Any) -> Any:
+    def pick(name: str, value: object) -> Any:  # noqa: ANN401 (a Budget field: int or tuple)
         return value if value is not None else getattr(base, name)
 
     budget = Budget(
@@ -336,7 +336,7 @@ def resolve(args: argparse.Namespace) -> tuple[Budget, dict[str, Any]]:
         problems.append(f"--lrs has duplicates (rates equal to 6 significant digits share a run label): {budget.lrs}")
     if args.max_loss is not None and not args.max_loss > 0:
         problems.append(f"--max-loss must be > 0, got {args.max_loss}")
-    overrides: dict[str, Any] = {}
+    overrides: dict[str, object] = {}
     try:
         overrides = _parse_overrides(args.override)
     except ValueError as exc:
@@ -386,7 +386,21 @@ def _setup(args: argparse.Namespace, argv: Sequence[str]) -> StudySetup:
     data_files = None if str(args.data_files).lower() == "none" else args.data_files
     return StudySetup(
         argv=tuple(argv),
-        args=args,
+        options=StudyOptions(
+            sweep=args.sweep,
+            quick=args.quick,
+            out=args.out,
+            restart=args.restart,
+            matched_lrs=tuple(args.matched_lrs) if args.matched_lrs is not None else None,
+            workers=args.workers,
+            launcher=args.launcher,
+            threads=args.threads,
+            data_files=args.data_files,
+            tokenizer=args.tokenizer,
+            mfu=args.mfu,
+            peak_tflops=args.peak_tflops,
+            probe_steps=args.probe_steps,
+        ),
         budget=budget,
         overrides=overrides,
         groups=groups,
@@ -407,7 +421,7 @@ def _setup(args: argparse.Namespace, argv: Sequence[str]) -> StudySetup:
     )
 
 
-def _base_spec(args: argparse.Namespace, budget: Budget, overrides: dict[str, Any]) -> RunSpec:
+def _base_spec(args: argparse.Namespace, budget: Budget, overrides: dict[str, object]) -> RunSpec:
     """The settings every run of one study invocation shares (each run then sets its scheme, rate and seed)."""
     config = LlamaConfig.from_name(budget.preset, **overrides)
     return RunSpec(
@@ -467,7 +481,7 @@ class ExplorationKind(StudyKind):
             if design is None:
                 specs = sweep_specs(setup.groups, budget.depths, budget.lrs, budget.seeds, base)
                 return run_all(specs, scheduler, on_result)
-            return run_depth_study(design, base, scheduler, on_result, matched_lrs=setup.args.matched_lrs)
+            return run_depth_study(design, base, scheduler, on_result, matched_lrs=setup.options.matched_lrs)
 
         return PreparedStudy(
             out=setup.out,

@@ -4,11 +4,9 @@ the dry run (``bhyt_pl.study.cli.estimate``), the confirmation and the bench rea
 
 from __future__ import annotations
 
-import argparse
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -17,7 +15,7 @@ from bhyt_pl.study.protocol.design import SchemeGroup, StudyDesign
 from bhyt_pl.study.protocol.spec import RunSpec, TrainerSettings
 from bhyt_pl.study.run.data import StudyData, fixed_batches
 
-__all__ = ["Budget", "StudySetup", "loadavg_text"]
+__all__ = ["Budget", "StudyOptions", "StudySetup", "loadavg_text"]
 
 
 @dataclass(frozen=True)
@@ -38,6 +36,36 @@ class Budget:
 
 
 @dataclass(frozen=True)
+class StudyOptions:
+    """How this invocation runs and what it reuses, beside what it studies: the options the setup's record, dry run
+    and report read (the rest of the command line is resolved into the other fields of ``StudySetup``).
+
+    Args:
+        sweep, quick: the mode (``--sweep``, ``--quick``).
+        out: ``--out`` (None: the mode's default folder).
+        restart: ``--restart`` (retrain every run).
+        matched_lrs: ``--matched-lrs`` (None: the default rule).
+        workers, launcher, threads: ``--workers``, ``--launcher``, ``--threads``.
+        data_files, tokenizer: the data as given (``--data-files``, ``--tokenizer``), for the record.
+        mfu, peak_tflops, probe_steps: the dry run's assumptions (``--mfu``, ``--peak-tflops``, ``--probe-steps``).
+    """
+
+    sweep: bool = False
+    quick: bool = False
+    out: Path | None = None
+    restart: bool = False
+    matched_lrs: tuple[float, ...] | None = None
+    workers: int | None = None
+    launcher: str = "pool"
+    threads: int | None = None
+    data_files: str = "embedded"
+    tokenizer: str = "embedded"
+    mfu: float = 0.40
+    peak_tflops: float = 989.0
+    probe_steps: int = 5
+
+
+@dataclass(frozen=True)
 class StudySetup:
     """One invocation of the study, decided before any run trains: its budget, groups and roles, the settings its
     runs share (``base``: each run then sets its scheme, rate and seed), their data and how they execute.
@@ -46,7 +74,7 @@ class StudySetup:
 
     Args:
         argv: the command line it was built from (recorded in the report).
-        args: the parsed options.
+        options: how this invocation runs (mode, folder, launcher, dry-run assumptions).
         budget: the mode's defaults with the options applied.
         overrides: ``LlamaConfig`` fields every run sets (``--override``, ``--layers``).
         groups: the ``--schemes`` groups.
@@ -57,9 +85,9 @@ class StudySetup:
     """
 
     argv: tuple[str, ...]
-    args: argparse.Namespace
+    options: StudyOptions
     budget: Budget
-    overrides: dict[str, Any]
+    overrides: dict[str, object]
     groups: tuple[SchemeGroup, ...]
     roles: dict[str, str]
     base: RunSpec
@@ -68,16 +96,17 @@ class StudySetup:
 
     @property
     def sweep(self) -> bool:
-        return bool(self.args.sweep)
+        return self.options.sweep
 
     @property
     def mode(self) -> str:
-        return "study" + ("-sweep" if self.sweep else "") + ("-quick" if self.args.quick else "")
+        return "study" + ("-sweep" if self.sweep else "") + ("-quick" if self.options.quick else "")
 
     @property
     def out(self) -> Path:
         """The report folder (``--out``, default ``runs/<mode>``)."""
-        return self.args.out if self.args.out is not None else Path("runs") / self.mode
+        out = self.options.out
+        return out if out is not None else Path("runs") / self.mode
 
     @property
     def config(self) -> LlamaConfig:
@@ -93,12 +122,12 @@ class StudySetup:
         """The fixed validation batches every run is measured on (from the base data seed's data module)."""
         return fixed_batches(self.data(self.base.data_seed), self.budget.val_batches)
 
-    def meta(self) -> dict[str, Any]:
+    def meta(self) -> dict[str, object]:
         """What the report's head lists: the command, the budget, the data, the machine and its load now
         (``unigram_loss`` is None until measured)."""
         from bhyt_pl.machine import machine_info
 
-        budget, args, labels = self.budget, self.args, [g.label for g in self.groups]
+        budget, run, labels = self.budget, self.options, [g.label for g in self.groups]
         return {
             "command": "python -m bhyt_pl study " + shlex.join(self.argv),
             "mode": self.mode,
@@ -117,16 +146,16 @@ class StudySetup:
             "roles": {k: v for k, v in self.roles.items() if v in labels},
             "schemes": labels,
             "trajectory_every": self.base.trajectory_every,
-            "workers": args.workers,
-            "launcher": args.launcher,
-            "compile": args.compile,
-            "data": f"{args.data_files} (tokenizer {args.tokenizer})",
+            "workers": run.workers,
+            "launcher": run.launcher,
+            "compile": self.settings.compile,
+            "data": f"{run.data_files} (tokenizer {run.tokenizer})",
             "validation": f"{budget.val_batches} fixed batches of {budget.batch_size} x {budget.seq_len}: validation "
             "loss and depth statistics at every trajectory point",
             "unigram_loss": None,
             "max_loss": round(self.base.max_loss, 4),
             "loadavg_at_start": loadavg_text(),
-            "machine": machine_info(torch.device("cuda" if args.accelerator in ("gpu", "cuda") else "cpu")),
+            "machine": machine_info(torch.device("cuda" if self.settings.accelerator in ("gpu", "cuda") else "cpu")),
         }
 
 

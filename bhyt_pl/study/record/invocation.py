@@ -13,7 +13,6 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from bhyt_pl.strict_json import loads
 
@@ -38,7 +37,7 @@ class Invocation:
         (3, 2, True)
     """
 
-    earlier: list[dict[str, Any]] = field(default_factory=list)
+    earlier: list[dict[str, object]] = field(default_factory=list)
     started_at: float = field(default_factory=time.time)
 
     def __post_init__(self) -> None:
@@ -72,7 +71,7 @@ class Invocation:
         return time.perf_counter() - self._clock
 
     def record(
-        self, meta: dict[str, Any], done: int, planned: int, final: bool = True, outcome: str = "running"
+        self, meta: dict[str, object], done: int, planned: int, final: bool = True, outcome: str = "running"
     ) -> None:
         """Writes the account into ``meta``: the total ``wall_seconds``, ``invocations`` with this one (``outcome``:
         ``running``, ``interrupted`` or ``finished``), and, unless ``finished``, ``partial``: ``done`` of ``planned``

@@ -52,7 +52,7 @@ class StudyRecord:
     """
 
     kind: str
-    meta: dict[str, Any]
+    meta: dict[str, object]
     runs: list[RunResult] = field(default_factory=list)
     setup: RecordedSetup | None = None
     design: StudyDesign | None = None

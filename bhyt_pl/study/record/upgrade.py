@@ -65,7 +65,7 @@ def upgrade(data: Mapping[str, Any]) -> Mapping[str, Any]:
         raise ValueError(f"results.json has no {missing}: not a study's record (keys: {sorted(data)})")
     meta = dict(data["meta"])
     confirmation = "plan" in data or meta.get("kind") == "confirmation"
-    upgraded: dict[str, Any] = {
+    upgraded: dict[str, object] = {
         "schema_version": SCHEMA_VERSION,
         "kind": "confirmation" if confirmation else "exploration",
         "setup": None if confirmation else _v1_setup(meta),
