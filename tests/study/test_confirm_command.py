@@ -224,3 +224,25 @@ def test_confirm_trains_real_runs_with_the_pilots_settings(tmp_path: Path) -> No
     for row in document["family"]:
         assert row["pairs"] == 2 and row["verdict"] in ("confirmed", "not confirmed")
         assert len(row["over_training"]) == 4
+
+
+def test_the_confirmation_reads_config_files_and_dry_runs_on_the_shared_driver(
+    tmp_path: Path, trained: list[str], capsys: pytest.CaptureFixture
+) -> None:
+    """--config and --dry-run belong to the driver, so the confirmation has them as the exploration does: a YAML
+    file sets its options (flags override it) and the dry run prints the plan and its run count, writing nothing."""
+    pilot = write_pilot(tmp_path / "pilot")
+    config = tmp_path / "confirm.yaml"
+    config.write_text("seeds: 2\nmax_seeds: 12\n")
+    assert main(["confirm", "--pilot", str(pilot), "--config", str(config), "--dry-run"]) == 0
+    expected = confirm.confirmation_specs(
+        confirm.make_confirmation_plan(confirm.load_pilot(pilot), 3e-3, 12, 2), confirm.load_pilot(pilot)
+    )
+    out = capsys.readouterr().out
+    assert f"runs: {len(expected)} on " in out and len(expected) == 2 * len({s.group for s in expected})
+    assert trained == [] and not (pilot / "confirmation").exists()  # nothing trained, nothing written
+    assert main(["confirm", "--pilot", str(pilot), "--config", str(config), "--seeds", "3", "--dry-run"]) == 0
+    assert f"runs: {3 * len({s.group for s in expected})} on " in capsys.readouterr().out  # the flag wins
+    config.write_text("sedes: 2\n")
+    assert main(["confirm", "--pilot", str(pilot), "--config", str(config)]) == 2
+    assert "sedes" in capsys.readouterr().err and trained == []

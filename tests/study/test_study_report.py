@@ -12,12 +12,13 @@ from pathlib import Path
 
 from study_fixtures import kept_design, synthetic_set, write_pilot
 
-from bhyt_pl.strict_json import write as write_json
+from bhyt_pl import strict_json
+from bhyt_pl.study.cli.exploration import EXPLORATION
 from bhyt_pl.study.protocol.claims import evaluate
 from bhyt_pl.study.protocol.design import StudyRuns
 from bhyt_pl.study.protocol.spec import RunResult, RunSpec
 from bhyt_pl.study.record.invocation import Invocation
-from bhyt_pl.study.record.results import StudyRecord, load
+from bhyt_pl.study.record.results import StudyRecord, load, save
 from bhyt_pl.study.report.exploration import depth_runs, depth_runs_words, write_report
 
 COMMITTED = Path(__file__).resolve().parents[2] / "docs" / "depth_study"
@@ -29,13 +30,16 @@ def _rebuild(folder: Path) -> dict[str, Path]:
 
 
 def _save(folder: Path, record: StudyRecord) -> None:
-    """``folder/results.json`` as the study saves it: the record with its claims evaluated."""
+    """``folder/results.json`` as the study saves it: the record with its claims evaluated (the exploration's
+    sections), checked here against ``protocol.claims.evaluate`` called directly."""
+    save(folder, record, EXPLORATION.sections(record))
     meta = record.meta
     items, skipped = evaluate(
         StudyRuns(record.runs), record.design, meta["roles"], tokens_per_step=int(meta["tokens_per_step"])
     )
-    claims_not_tested = [f"{c.statement}: {c.target} vs {c.baseline}" for c in skipped]
-    write_json(folder / "results.json", record.to_dict([c.to_dict() for c in items], claims_not_tested))
+    saved = json.loads((folder / "results.json").read_text())
+    assert json.dumps(saved["claims"]) == json.dumps(json.loads(strict_json.dumps([c.to_dict() for c in items])))
+    assert saved["claims_not_tested"] == [f"{c.statement}: {c.target} vs {c.baseline}" for c in skipped]
 
 
 def test_the_committed_report_rebuilds_from_its_record_byte_for_byte(tmp_path: Path) -> None:
