@@ -176,7 +176,8 @@ class ConfirmationKind(StudyKind):
         settings = _settings(pilot_setup.settings, args)
         specs = confirmation_specs(plan, pilot)
         setup = replace(pilot_setup, settings=settings, source="the pilot's, with this command's hardware options")
-        record = StudyRecord(self.name, _meta(argv, pilot, plan, specs, settings, args.launcher), [], setup, plan=plan)
+        meta = {} if args.dry_run else _meta(argv, pilot, plan, specs, settings, args.launcher)  # names the machine
+        record = StudyRecord(self.name, meta, [], setup, plan=plan)
         first = specs[0] if specs else pilot.record.runs[0].spec
 
         def execute(scheduler: Scheduler, on_result: OnResult) -> list[RunResult]:

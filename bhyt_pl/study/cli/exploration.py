@@ -467,10 +467,12 @@ class ExplorationKind(StudyKind):
 
     def prepare(self, values: Mapping[str, object], argv: Sequence[str]) -> PreparedStudy:
         setup = _setup(argparse.Namespace(**values), argv)
-        meta = setup.meta()
+        # a dry run records nothing, and may plan for accelerators this machine lacks (the meta names the machine)
+        meta = {} if values.get("dry_run") else setup.meta()
         design = setup.design()
         base, budget = setup.base, setup.budget
-        recorded = RecordedSetup(setup.data, budget.val_batches, setup.settings, dict(meta["roles"]))
+        roles = {role: group for role, group in setup.roles.items() if group in {g.label for g in setup.groups}}
+        recorded = RecordedSetup(setup.data, budget.val_batches, setup.settings, roles)
         record = StudyRecord(self.name, meta, [], recorded, design)
 
         def on_start(batches: list[Batch]) -> None:

@@ -69,10 +69,10 @@ class RunCheckpointOnPreemption(L.Callback):
     """
 
     def __init__(
-        self, path: Path, spec: dict[str, Any], memory: MemoryLogger, run_state: Callable[[], dict[str, Any]]
+        self, path: Path, spec: dict[str, object], memory: MemoryLogger, run_state: Callable[[], dict[str, object]]
     ) -> None:
         self.path, self.spec, self.memory, self.run_state = Path(path), spec, memory, run_state
-        self.restored: dict[str, Any] | None = None  # ``run_state`` of the try this fit resumed, once restored
+        self.restored: dict[str, object] | None = None  # ``run_state`` of the try this fit resumed, once restored
 
     @override
     def on_train_batch_end(
@@ -106,7 +106,7 @@ class RunCheckpointOnPreemption(L.Callback):
         self.restored = state_dict["run"]
 
 
-def saved_run_state(path: Path, spec: dict[str, Any]) -> dict[str, Any] | None:
+def saved_run_state(path: Path, spec: dict[str, object]) -> dict[str, object] | None:
     """The ``run_state`` a preempted try of this spec saved at ``path`` (and its ``step``), or None: no checkpoint
     there, or one that cannot be read or belongs to another spec (then it is deleted, with a log line, and the run
     starts over)."""
