@@ -196,14 +196,6 @@ class LlamaConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def estimated_parameters(self) -> int:
-        """Analytic parameter count without norm parameters (embeddings counted once when tied)."""
-        hd = self.head_dim
-        attn = self.dim * hd * (2 * self.n_heads + 2 * self.n_kv_heads)
-        mlp = 3 * self.dim * self.mlp_dim
-        emb = self.vocab_size * self.dim * (1 if self.tie_embeddings else 2)
-        return self.n_layers * (attn + mlp) + emb
-
 
 def _rope_scaling_problems(scaling: Any) -> list[str]:
     """What is wrong with a ``rope_scaling`` value (empty when it is valid)."""
@@ -286,7 +278,17 @@ PRESETS: dict[str, dict[str, Any]] = {
         "mlp_dim": 768,
         "max_seq_len": 1024,
     },
-    # deep and narrow, for depth studies
+    # deep and narrow, for depth studies (P of each: bhyt_pl.model_size)
+    "deep-16x64": {
+        "vocab_size": 8192,
+        "dim": 64,
+        "n_layers": 16,
+        "n_heads": 2,
+        "n_kv_heads": 1,
+        "head_dim": 32,
+        "mlp_dim": 192,
+        "max_seq_len": 512,
+    },
     "deep-24x128": {
         "vocab_size": 8192,
         "dim": 128,

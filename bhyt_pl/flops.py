@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from bhyt_pl.model_size import block_params
+
 if TYPE_CHECKING:
     from bhyt_pl.config import LlamaConfig
 
@@ -23,9 +25,8 @@ def training_flops(matmul_params: int, attention_width: int, seq_len: int) -> fl
 
 
 def training_flops_per_token(config: LlamaConfig, seq_len: int) -> float:
-    """``training_flops`` of a ``LlamaConfig``: its projections, MLPs and output projection (embedding
-    lookups are free), and ``L * H * hd`` of attention width."""
+    """``training_flops`` of a ``LlamaConfig``: its block matrices (P, ``bhyt_pl.model_size.block_params``) and
+    output projection (embedding lookups are free), and ``L * H * hd`` of attention width."""
     c = config
-    per_layer = c.dim * c.head_dim * (2 * c.n_heads + 2 * c.n_kv_heads) + 3 * c.dim * c.mlp_dim
-    matmul_params = c.n_layers * per_layer + c.vocab_size * c.dim
+    matmul_params = block_params(c) + c.vocab_size * c.dim  # the output projection, tied or not
     return training_flops(matmul_params, c.n_layers * c.n_heads * c.head_dim, seq_len)

@@ -41,8 +41,9 @@ LAYERS: list[tuple[str, ...]] = [
     ),
     ("bhyt_pl.norms",),  # the schemes: nothing above them
     ("bhyt_pl.config", "bhyt_pl.variants"),  # a model described; a scheme variant parsed (bench and study)
-    ("bhyt_pl.run_config", "bhyt_pl.flops", "bhyt_pl.hf_config"),  # a run's config bound; what it costs; HF names
+    ("bhyt_pl.run_config", "bhyt_pl.hf_config"),  # a run's config bound; HF names
     ("bhyt_pl.model",),
+    ("bhyt_pl.model_size", "bhyt_pl.flops"),  # how big a model is (a meta-device build); what it costs
     ("bhyt_pl.parallelize", "bhyt_pl.checkpoint", "bhyt_pl.hf_modeling"),
     ("bhyt_pl.callbacks", "bhyt_pl.convert"),
     ("bhyt_pl.module", "bhyt_pl.eval"),

@@ -38,6 +38,7 @@ from bhyt_pl.validation import raise_if_problems
 
 __all__ = [
     "EMBEDDED_DATA_FILES",
+    "EMBEDDED_TRAIN_TOKENS",
     "C4DataModule",
     "PackedWindows",
     "ResumableLoader",
@@ -52,6 +53,11 @@ EMBEDDED_DATA_FILES: dict[str, list[str]] = {
     "validation": [str(ASSETS_DIR / f"c4-validation.{i:05d}-of-00002.json.gz") for i in range(2)],
 }
 """Absolute paths of the embedded C4-format shards (King James Bible, see ``assets/README.md``)."""
+
+EMBEDDED_TRAIN_TOKENS = 948_868
+"""Tokens of the embedded training split as ``PackedWindows`` reads them: every document's ids with its BOS and EOS
+(1,159 documents). Counted once and kept here, since counting means tokenizing the whole split (a few seconds);
+tests/data/test_c4.py counts them again."""
 
 _ENCODE_BATCH = 64  # documents per encode_batch call: amortizes the Python/Rust crossing
 
@@ -163,6 +169,15 @@ def _c4_split_files(source: str | dict | list | None, path: str, name: str | Non
 
 
 # ----------------------------------------------------------------------------- packing
+def packed_training_tokens(document_tokens: int, seq_len: int, batch_size: int) -> int:
+    """The training tokens one pass over ``document_tokens`` (BOS and EOS included) gives as one stream: windows of
+    ``seq_len + 1`` packed end to end (``floor(N / (L + 1))``, the tail dropped), whole batches of them
+    (``drop_last``), ``seq_len`` input positions a window. Each further stream (a DataLoader worker or a device)
+    drops its own tail and last partial batch: a pass of several streams is a few windows shorter."""
+    batches = document_tokens // (seq_len + 1) // batch_size
+    return batches * batch_size * seq_len
+
+
 class PackedWindows(IterableDataset):
     """Token windows ``[seq_len + 1]`` of one rank, split into ``num_streams`` disjoint streams.
 
@@ -428,6 +443,14 @@ class C4DataModule(LightningDataModule):
         registered run fact of its sequence length and per-device batch size (``bhyt_pl.run_facts``); a norm
         scheme binds those it declares."""
         return build_run_facts(seq_len=self.seq_len, batch_size=self.batch_size)
+
+    def training_tokens_per_epoch(self) -> int | None:
+        """The training tokens one pass over the training split gives at this ``seq_len`` and ``batch_size`` (one
+        stream: ``packed_training_tokens``): known for the embedded corpus and tokenizer (``EMBEDDED_TRAIN_TOKENS``),
+        None for any other source, which would have to be tokenized whole to count."""
+        if self.data_files != EMBEDDED or self.tokenizer != EMBEDDED or self.train_split != "train":
+            return None
+        return packed_training_tokens(EMBEDDED_TRAIN_TOKENS, self.seq_len, self.batch_size)
 
     def prepare_data(self) -> None:
         load_tokenizer(self.tokenizer)  # fetch (and cache) a Hub tokenizer once, on rank 0

@@ -15,6 +15,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader
 
 from bhyt_pl.data import C4DataModule, PackedWindows, ResumableLoader, load_tokenizer, read_documents
+from bhyt_pl.data.c4 import EMBEDDED_DATA_FILES, EMBEDDED_TRAIN_TOKENS, packed_training_tokens
 from bhyt_pl.errors import AgreedUsageError, UsageError
 
 from .conftest import c4_row, word_docs, write_shard
@@ -345,3 +346,31 @@ def test_setup_fails_naming_every_unreadable_shard(tmp_path: Path):
     with pytest.raises(UsageError, match=r"no shard is readable") as err:
         dm.setup("fit")
     assert f"{cut}: EOFError" in str(err.value) and f"{garbage}: BadGzipFile" in str(err.value)
+
+
+def test_embedded_train_tokens_is_the_split_counted_again():
+    """The constant against a count of its own: every train document tokenized, plus its BOS and EOS."""
+    tok = load_tokenizer("embedded")
+    docs = [d["text"] for d in read_documents(EMBEDDED_DATA_FILES["train"])]
+    assert len(docs) == 1159  # assets/README.md
+    assert sum(len(e.ids) + 2 for e in tok.encode_batch(docs, add_special_tokens=False)) == EMBEDDED_TRAIN_TOKENS
+
+
+def test_packed_training_tokens_is_one_pass_of_the_loader(c4_dir: Path):
+    docs = [d for i in range(4) for d in word_docs(i, 12)]
+    tok = load_tokenizer("embedded")
+    document_tokens = sum(len(tok.encode(d, add_special_tokens=False).ids) + 2 for d in docs)
+    dm = C4DataModule(data_files=str(c4_dir), tokenizer="embedded", seq_len=8, batch_size=3, shuffle_buffer=4)
+    dm.setup("fit")
+    seen = sum(b["input_ids"].numel() for b in dm.train_dataloader())
+    assert seen > 0
+    assert seen == packed_training_tokens(document_tokens, 8, 3) == (document_tokens // 9 // 3) * 3 * 8
+    # the study's shapes on the embedded corpus: 948,868 // 65 = 14,597 windows, 1,824 batches of 8 x 64
+    assert packed_training_tokens(948_868, 64, 8) == 1824 * 512 == 933_888
+
+
+def test_only_the_embedded_corpus_knows_its_size(c4_dir: Path):
+    assert C4DataModule.embedded(seq_len=64, batch_size=8).training_tokens_per_epoch() == 933_888
+    assert C4DataModule.embedded(seq_len=256, batch_size=8).training_tokens_per_epoch() == 3692 // 8 * 8 * 256
+    assert C4DataModule(data_files=str(c4_dir), tokenizer="embedded").training_tokens_per_epoch() is None
+    assert C4DataModule(data_files="embedded", tokenizer="other.json").training_tokens_per_epoch() is None

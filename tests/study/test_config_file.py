@@ -92,7 +92,7 @@ def test_main_exits_2_on_a_bad_file_before_any_work(tmp_path: Path, capsys: pyte
 def test_the_shipped_study_recipes_parse(recipe: str) -> None:
     setup = prepare(["--config", str(RECIPES / recipe)])
     data = yaml.safe_load((RECIPES / recipe).read_text())
-    assert setup.args.launcher == data["launcher"] and setup.budget.steps == data["steps"]
+    assert setup.options.launcher == data["launcher"] and setup.budget.steps == data["steps"]
     assert setup.out == Path(data["out"]) and setup.settings.accelerator == data["accelerator"]
     tokens = setup.budget.steps * setup.budget.batch_size * setup.budget.seq_len
     if data["preset"] == "llama-374m":  # the paper's 7.5B tokens per run

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from study_fixtures import layer_run, pilot_spec, write_pilot
 from bhyt_pl.study.cli import confirmation_plan as confirm
 from bhyt_pl.study.protocol import power_plan, stats
 from bhyt_pl.study.protocol.confirmation import Evaluation, FamilyResult, p_value
+from bhyt_pl.study.protocol.size import RunSize
 from bhyt_pl.study.record.results import StudyRecord, load
 from bhyt_pl.study.report.confirmation import (
     declared_family_table,
@@ -112,6 +114,23 @@ def test_the_committed_report_rebuilds_from_its_record_byte_for_byte(tmp_path: P
     assert paths["report"].read_text() == (committed / "report.md").read_text()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.md", "results.json"]
     assert (tmp_path / "results.json").read_bytes() == (committed / "results.json").read_bytes()  # read, not written
+
+
+def test_the_header_prints_the_size_a_confirmation_holds(tmp_path: Path) -> None:
+    committed = ROOT / "docs" / "depth_study" / "confirmation"
+    record = load(committed)
+    # deep-32x128 with RMSNorm: P = 32 x 196,608; + embedding 8192 x 128 + the gains 32 x 2 x 128 + 128
+    size = RunSize(32, 6_291_456, 1_048_576, {"rmsnorm": 7_348_352}, 92_160, 933_888)
+    meta = {**record.meta, "size": [size.to_dict()]}
+    write_report(tmp_path, replace(record, meta=meta), figures=False)
+    lines = (tmp_path / "report.md").read_text().splitlines()
+    before = (committed / "report.md").read_text().splitlines()
+    at = before.index("- loadavg at end: 1.92 2.00 1.99") + 1  # the meta's last entry, before the machine
+    assert lines[at] == (
+        "- parameters: 6,291,456 in block matrices (P), 7,348,352 in all, 1,048,576 embedding; tokens per run 92,160 "
+        "= 0.0146 tokens per parameter (T/P)"
+    )
+    assert lines[:at] + lines[at + 1 :] == before
 
 
 def test_the_report_holds_every_section_and_writes_no_record(tmp_path: Path) -> None:

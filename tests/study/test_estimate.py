@@ -114,17 +114,55 @@ def test_sweep_flops_sum_over_its_depths(tmp_path: Path) -> None:
     assert cost.flops_min == cost.flops_max == pytest.approx(expected * tokens)
 
 
+def test_the_dry_run_prints_the_parameter_counts_and_tokens_per_parameter(tmp_path: Path) -> None:
+    # deep-32x128 (the default preset), 180 steps x 8 x 64 = 92,160 tokens. P = 32 x (128 x 32 x (8 + 4) + 3 x 128
+    # x 384) = 32 x 196,608; embedding 8192 x 128; all: P + embedding + the norms' gains, RMSNorm's 32 x 2 x 128 + 128
+    # = 8,320, Peri-LN's another 32 x 2 x 128 (a norm after each sublayer too) = 16,512
+    setup = _setup(tmp_path, "--schemes", "rmsnorm", "peri_ln", "--lrs", "1e-3", "--seeds", "1")
+    text = estimate.dry_run_text(setup)
+    assert (
+        "parameters (bhyt_pl/model_size.py): 6,291,456 in block matrices (P), 7,348,352 to 7,356,544 in all (the "
+        "schemes' norm parameters differ), 1,048,576 embedding; tokens per run 92,160 = 0.0146 tokens per parameter "
+        "(T/P)\n"
+    ) in text
+    assert "epochs" not in text  # 92,160 tokens: under one pass over the embedded corpus
+
+
+def test_the_dry_run_prints_epochs_past_the_training_data(tmp_path: Path) -> None:
+    # deep-16x64: P = 16 x (4096 + 2048 + 2048 + 4096 + 3 x 64 x 192) = 786,432; embedding 8192 x 64 = 524,288;
+    # all: + 16 x 2 x 64 + 64 = 2,112 RMSNorm gains. 4,000 steps x 8 x 64 = 2,048,000 tokens = 2.604 T/P.
+    # One pass over the embedded corpus at 64 + 1 a window: 948,868 // 65 = 14,597 windows, 1,824 batches of 8
+    # -> 933,888 tokens; 2,048,000 / 933,888 = 2.193 epochs
+    argv = ("--preset", "deep-16x64", "--schemes", "rmsnorm", "--lrs", "1e-3", "--seeds", "1", "--steps", "4000")
+    text = estimate.dry_run_text(_setup(tmp_path, *argv))
+    assert (
+        "parameters (bhyt_pl/model_size.py): 786,432 in block matrices (P), 1,312,832 in all, 524,288 embedding; "
+        "tokens per run 2,048,000 = 2.6 tokens per parameter (T/P); past the training data (933,888 tokens a pass): "
+        "2,048,000 tokens seen, 933,888 unique, 2.19 epochs\n"
+    ) in text
+
+
+def test_the_sweep_prints_one_size_per_depth(tmp_path: Path) -> None:
+    # deep-32x128 at 2 and 4 layers: P = 2 x 196,608 and 4 x 196,608; 40 steps x 4 x 64 = 10,240 tokens (sweep quick)
+    setup = _setup(tmp_path, "--sweep", "--quick", "--schemes", "rmsnorm", "--depths", "2", "4", "--seeds", "1")
+    text = estimate.dry_run_text(setup)
+    assert "parameters at 2 layers (bhyt_pl/model_size.py): 393,216 in block matrices (P), 1,442,432 in all" in text
+    assert "10,240 = 0.026 tokens per parameter (T/P)" in text  # 10,240 / 393,216 = 0.02604
+    assert "parameters at 4 layers (bhyt_pl/model_size.py): 786,432 in block matrices (P), 1,836,160 in all" in text
+    assert "10,240 = 0.013 tokens per parameter (T/P)" in text  # 10,240 / 786,432 = 0.01302
+
+
 @pytest.mark.parametrize("mfu", ["0", "-0.4", "1.5", "40"])
 def test_mfu_outside_the_unit_interval_is_a_usage_error(tmp_path: Path, mfu: str) -> None:
     setup = _setup(tmp_path, *SMALL, "--mfu", mfu)
     with pytest.raises(UsageError, match=r"--mfu must be in \(0, 1\]"):
         estimate.dry_run(setup)
-    estimate.check_arguments(_setup(tmp_path, *SMALL, "--mfu", "1").args)  # 100 % is allowed
+    estimate.check_arguments(_setup(tmp_path, *SMALL, "--mfu", "1").options)  # 100 % is allowed
 
 
 def test_peak_and_probe_steps_are_checked(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="--peak-tflops must be a finite number > 0") as err:
-        estimate.check_arguments(_setup(tmp_path, "--peak-tflops", "0", "--probe-steps", "-1").args)
+        estimate.check_arguments(_setup(tmp_path, "--peak-tflops", "0", "--probe-steps", "-1").options)
     assert "--probe-steps must be >= 0" in str(err.value)
 
 

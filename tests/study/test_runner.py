@@ -64,3 +64,20 @@ def test_a_run_that_fails_is_recorded_and_its_record_reads_back(tmp_path: Path) 
     again = RunResult.from_dict(json.loads(json.dumps(full.to_dict())))
     assert again.losses == [(1, 5.0), (2, 4.5)] and again.spec == spec  # tuples and a RunSpec again
     assert json.dumps(again.to_dict()) == json.dumps(full.to_dict())
+
+
+def test_a_runs_record_holds_its_size(tmp_path: Path) -> None:
+    # deep-32x128 at 2 layers: P = 2 x (128 x 32 x (8 + 4) + 3 x 128 x 384) = 2 x 196,608 = 393,216; embedding
+    # 8192 x 128 = 1,048,576; everything adds RMSNorm's gains, 2 x 2 x 128 + 128 = 640. 3 steps x 2 x 32 = 192 tokens.
+    # One pass over the embedded corpus at 32 + 1 a window: 948,868 // 33 = 28,753 windows, 14,376 batches of 2
+    # x 32 = 920,064 tokens.
+    setup = command.prepare(["--quick", "--seq-len", "32", "--batch-size", "2", "--shuffle-buffer", "4"])
+    spec = RunSpec(label="rmsnorm", norm="rmsnorm", overrides={"n_layers": 2}, steps=3, lr=1e-2)
+    run_one(spec, setup.data, setup.validation_batches()[:1], TrainerSettings(), tmp_path)
+    record = strict_json.loads((tmp_path / "runs" / "rmsnorm" / "result.json").read_text())
+    assert record["status"] == "ok"
+    sizes = (record["block_params"], record["embedding_params"], record["total_params"])
+    assert sizes == (393_216, 1_048_576, 1_442_432)
+    assert record["tokens"] == 192 and record["tokens_per_param"] == pytest.approx(192 / 393_216)
+    assert (record["corpus_tokens"], record["unique_tokens"]) == (920_064, 192)
+    assert record["epochs"] == pytest.approx(192 / 920_064)

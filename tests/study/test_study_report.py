@@ -16,6 +16,7 @@ from bhyt_pl import strict_json
 from bhyt_pl.study.cli.exploration import EXPLORATION
 from bhyt_pl.study.protocol.claims import evaluate
 from bhyt_pl.study.protocol.design import StudyRuns
+from bhyt_pl.study.protocol.size import RunSize
 from bhyt_pl.study.protocol.spec import RunResult, RunSpec
 from bhyt_pl.study.record.invocation import Invocation
 from bhyt_pl.study.record.results import StudyRecord, load, save
@@ -40,6 +41,37 @@ def _save(folder: Path, record: StudyRecord) -> None:
     saved = json.loads((folder / "results.json").read_text())
     assert json.dumps(saved["claims"]) == json.dumps(json.loads(strict_json.dumps([c.to_dict() for c in items])))
     assert saved["claims_not_tested"] == [f"{c.statement}: {c.target} vs {c.baseline}" for c in skipped]
+
+
+def with_size(record: StudyRecord, *sizes: RunSize) -> StudyRecord:
+    """``record`` with ``meta["size"]`` after ``tokens_per_run``, as a study writes it now."""
+    meta: dict[str, object] = {}
+    for key, value in record.meta.items():
+        meta[key] = value
+        if key == "tokens_per_run":
+            meta["size"] = [size.to_dict() for size in sizes]
+    return dataclasses.replace(record, meta=meta)
+
+
+def test_the_header_prints_the_size_a_record_holds_and_nothing_else_changes(tmp_path: Path) -> None:
+    # the committed study's runs: deep-32x128, P = 32 x 196,608, embedding 8192 x 128, 180 x 8 x 64 tokens; the
+    # totals add the norms' parameters (hand counts in tests/test_model_size.py)
+    size = RunSize(32, 6_291_456, 1_048_576, {"rmsnorm": 7_348_352, "peri_ln": 7_356_544}, 92_160, 933_888)
+    write_report(tmp_path, with_size(load(COMMITTED), size), figures=False)
+    lines = (tmp_path / "report.md").read_text().splitlines()
+    committed = (COMMITTED / "report.md").read_text().splitlines()
+    at = committed.index("- tokens per run: 92160") + 1
+    assert lines[at] == (
+        "- parameters: 6,291,456 in block matrices (P), 7,348,352 to 7,356,544 in all (the schemes' norm parameters "
+        "differ), 1,048,576 embedding; tokens per run 92,160 = 0.0146 tokens per parameter (T/P)"
+    )
+    assert lines[:at] + lines[at + 1 :] == committed
+    # a sweep's record: one line per depth
+    shallow = RunSize(2, 393_216, 1_048_576, {"rmsnorm": 1_442_432}, 10_240, None)
+    write_report(tmp_path, with_size(load(COMMITTED), shallow, size), figures=False)
+    text = (tmp_path / "report.md").read_text()
+    assert "- parameters at 2 layers: 393,216 in block matrices (P), 1,442,432 in all, 1,048,576 embedding; " in text
+    assert "- parameters at 32 layers: 6,291,456 in block matrices (P)" in text
 
 
 def test_the_committed_report_rebuilds_from_its_record_byte_for_byte(tmp_path: Path) -> None:

@@ -38,7 +38,8 @@ from bhyt_pl.study.launch.execution import run_all
 from bhyt_pl.study.launch.scheduler import Scheduler
 from bhyt_pl.study.protocol import power, power_plan
 from bhyt_pl.study.protocol.confirmation import evaluate
-from bhyt_pl.study.protocol.spec import RunResult, TrainerSettings
+from bhyt_pl.study.protocol.size import run_sizes
+from bhyt_pl.study.protocol.spec import RunResult, RunSpec, TrainerSettings
 from bhyt_pl.study.record.results import StudyRecord
 from bhyt_pl.study.report.confirmation import write_report
 from bhyt_pl.validation import raise_if_problems
@@ -116,11 +117,14 @@ def _settings(pilot_settings: TrainerSettings, args: argparse.Namespace) -> Trai
     )
 
 
-def _meta(argv: Sequence[str], pilot: Pilot, plan: power_plan.Plan, specs: Sequence[object], settings: TrainerSettings,
+def _meta(argv: Sequence[str], pilot: Pilot, plan: power_plan.Plan, specs: Sequence[RunSpec], settings: TrainerSettings,
           launcher: str) -> dict[str, object]:  # fmt: skip
     from bhyt_pl.machine import machine_info
 
     meta = pilot.record.meta
+    setup = pilot.record.setup
+    corpus = setup.data.training_tokens_per_epoch() if setup is not None else None
+    sizes = run_sizes(specs, int(meta.get("tokens_per_run") or 0), corpus) if specs else []
     return {
         "command": "python -m bhyt_pl study confirm " + shlex.join(argv),
         "pilot": str(pilot.folder),
@@ -132,6 +136,7 @@ def _meta(argv: Sequence[str], pilot: Pilot, plan: power_plan.Plan, specs: Seque
         "steps": meta.get("steps"),
         "tokens_per_step": meta.get("tokens_per_step"),
         "tokens_per_run": meta.get("tokens_per_run"),
+        "size": [size.to_dict() for size in sizes],
         "runs_planned": len(specs),
         "seed_indices": sorted({spec.seed_index for spec in specs}),
         "launcher": launcher,

@@ -40,6 +40,7 @@ from bhyt_pl.flops import training_flops_per_token
 from bhyt_pl.study.launch.scheduler import finished_result
 from bhyt_pl.study.protocol.design import StudyDesign, rate_key
 from bhyt_pl.study.protocol.plan import default_matched_lrs, evaluation_specs, select, selection_specs, sweep_specs
+from bhyt_pl.study.protocol.size import RunSize
 from bhyt_pl.study.protocol.spec import RunResult, RunSpec, legacy_label
 from bhyt_pl.study.run.runner import build_module
 
@@ -401,7 +402,8 @@ def dry_run_text(
     workers: int = 1,
 ) -> str:
     """What ``--dry-run`` prints: the runs (a range for the depth study), the runs ``--out`` already holds, tokens
-    and training FLOPs per run and in total, GPU-hours, the CPU time from ``probe`` (None: unknown) with ``workers``
+    per run, the parameter counts with tokens per parameter (and epochs past one pass over the training data),
+    training FLOPs per run and in total, GPU-hours, the CPU time from ``probe`` (None: unknown) with ``workers``
     runs at once, and the assumptions."""
     budget, args = setup.budget, setup.options
     cost = study_cost(setup)
@@ -426,6 +428,7 @@ def dry_run_text(
     lines += [
         "",
         f"tokens per run: {budget.steps} steps x {budget.batch_size} x {budget.seq_len} = {cost.tokens_per_run:,}",
+        *_size_lines(setup.sizes()),
         f"training FLOPs per run (bhyt_pl/flops.py: matmuls, forward + backward): {per_run}",
         f"training FLOPs in total: {_span(_flops(cost.flops_min), _flops(cost.flops_max))}",
         f"GPU-hours at {mfu:.0%} MFU of {peak_tflops:g} TFLOP/s: "
@@ -460,6 +463,14 @@ def dry_run_text(
     elif setup.settings.accelerator == "cpu":
         lines.append("  CPU probe: none (--probe-steps 0)")
     return "\n".join(lines)
+
+
+def _size_lines(sizes: Sequence[RunSize]) -> list[str]:
+    """The parameter counts, T/P and, past one pass over the training data, its epochs: one line per model shape."""
+    where = "(bhyt_pl/model_size.py)"
+    if len(sizes) == 1:
+        return [f"parameters {where}: {sizes[0].text()}"]
+    return [f"parameters at {size.n_layers} layers {where}: {size.text()}" for size in sizes]
 
 
 def _config(spec: RunSpec) -> LlamaConfig:

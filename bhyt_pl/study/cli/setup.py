@@ -12,6 +12,8 @@ import torch
 
 from bhyt_pl.config import LlamaConfig
 from bhyt_pl.study.protocol.design import SchemeGroup, StudyDesign
+from bhyt_pl.study.protocol.plan import selection_specs, sweep_specs
+from bhyt_pl.study.protocol.size import RunSize, run_sizes
 from bhyt_pl.study.protocol.spec import RunSpec, TrainerSettings
 from bhyt_pl.study.run.data import StudyData, fixed_batches
 
@@ -122,9 +124,20 @@ class StudySetup:
         """The fixed validation batches every run is measured on (from the base data seed's data module)."""
         return fixed_batches(self.data(self.base.data_seed), self.budget.val_batches)
 
+    def sizes(self) -> list[RunSize]:
+        """The size of its runs (``bhyt_pl.study.protocol.size``): one per model shape (the sweep: one per depth), with
+        every candidate's parameter total, the tokens of a run and the training data's size where it is known."""
+        budget = self.budget
+        if self.sweep:
+            specs = sweep_specs(self.groups, budget.depths, budget.lrs[:1], 1, self.base)
+        else:
+            specs = [spec for g in self.groups for spec in selection_specs(g, budget.lrs[:1], self.base)]
+        tokens = budget.seq_len * budget.batch_size * budget.steps
+        return run_sizes(specs, tokens, self.data.training_tokens_per_epoch())
+
     def meta(self) -> dict[str, object]:
-        """What the report's head lists: the command, the budget, the data, the machine and its load now
-        (``unigram_loss`` is None until measured)."""
+        """What the report's head lists: the command, the budget, the size of its runs (``sizes``), the data, the
+        machine and its load now (``unigram_loss`` is None until measured)."""
         from bhyt_pl.machine import machine_info
 
         budget, run, labels = self.budget, self.options, [g.label for g in self.groups]
@@ -139,6 +152,7 @@ class StudySetup:
             "batch_size": budget.batch_size,
             "tokens_per_step": budget.seq_len * budget.batch_size,
             "tokens_per_run": budget.seq_len * budget.batch_size * budget.steps,
+            "size": [size.to_dict() for size in self.sizes()],
             "lrs": list(budget.lrs),
             "seeds": budget.seeds,
             "selection_seed": "index 0 (seed 42); evaluation seeds: indices 1..N (seeds 43..42+N)",

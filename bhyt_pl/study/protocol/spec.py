@@ -163,7 +163,14 @@ class TrainerSettings:
 
 @dataclass
 class RunResult:
-    """What one run produced; NaN where not measured."""
+    """What one run produced; NaN where not measured.
+
+    Its size (``bhyt_pl.study.protocol.size``; 0, NaN or None in a record written before it was measured):
+    ``block_params`` (P, the blocks' weight matrices), ``embedding_params`` and ``total_params`` (every parameter of
+    its built model) from ``bhyt_pl.model_size``; ``tokens`` trained and ``tokens_per_param`` (T/P, ``tokens / P``);
+    ``corpus_tokens``, the training tokens one pass over its data gives (None when unknown: only the embedded
+    corpus is counted), with ``unique_tokens`` (at most one pass's) and ``epochs`` (``tokens / corpus_tokens``).
+    """
 
     spec: RunSpec
     status: RunStatus = RunStatus.OK
@@ -177,6 +184,13 @@ class RunResult:
     val_loss: float = math.nan
     val_perplexity: float = math.nan
     tokens: int = 0
+    block_params: int = 0
+    embedding_params: int = 0
+    total_params: int = 0
+    tokens_per_param: float = math.nan
+    corpus_tokens: int | None = None
+    unique_tokens: int | None = None
+    epochs: float | None = None
     train_seconds: float = math.nan
     tokens_per_sec: float = math.nan
     losses: list[tuple[int, float]] = field(default_factory=list)

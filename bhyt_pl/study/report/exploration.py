@@ -16,6 +16,7 @@ from pathlib import Path
 from bhyt_pl.study.protocol.claims import ClaimResult, ClaimSpec, evaluate
 from bhyt_pl.study.protocol.design import StudyDesign, StudyRuns
 from bhyt_pl.study.protocol.plan import SELECTION_SEED
+from bhyt_pl.study.protocol.size import RunSize
 from bhyt_pl.study.protocol.spec import RunResult, RunStatus
 from bhyt_pl.study.record.results import StudyRecord
 from bhyt_pl.study.report.columns import finite_mean, per_seed
@@ -202,12 +203,27 @@ def invocations_text(invocations: Sequence[Mapping[str, object]]) -> str:
     return f"{len(invocations)} ({'; '.join(parts)})"
 
 
+def size_lines(entries: object) -> list[str]:
+    """``meta["size"]`` (``bhyt_pl.study.protocol.size``) as ``- parameters: ...``, one line per model shape (``at L
+    layers`` added when there are several)."""
+    if not isinstance(entries, list) or not entries:
+        return []
+    sizes = [RunSize.from_dict(entry) for entry in entries]
+    if len(sizes) == 1:
+        return [f"- parameters: {sizes[0].text()}"]
+    return [f"- parameters at {size.n_layers} layers: {size.text()}" for size in sizes]
+
+
 def meta_lines(meta: Mapping[str, object], skip: Sequence[str]) -> list[str]:
     """One ``- key: value`` line per entry of ``meta`` but ``skip`` and the partial marker (``partial_lines``);
-    ``wall_seconds`` is the total over the ``invocations`` listed after it."""
+    ``wall_seconds`` is the total over the ``invocations`` listed after it; the runs' ``size`` in words
+    (``size_lines``: a record from before it was kept has none)."""
     lines = []
     for key, value in meta.items():
         if key in skip or key == "partial":
+            continue
+        if key == "size":
+            lines += size_lines(value)
             continue
         text = invocations_text(value) if key == "invocations" and isinstance(value, list) else value
         lines.append(f"- {key.replace('_', ' ')}: {text}")

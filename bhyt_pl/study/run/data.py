@@ -58,6 +58,11 @@ class StudyData:
             seed=data_seed,
         )
 
+    def training_tokens_per_epoch(self) -> int | None:
+        """The training tokens one pass over this data gives (``C4DataModule.training_tokens_per_epoch``: known for
+        the embedded corpus, None otherwise); no data is read."""
+        return self(0).training_tokens_per_epoch()
+
 
 def fixed_batches(datamodule: C4DataModule, count: int) -> list[Batch]:
     """The first ``count`` validation batches (training batches when the source has no validation split):

@@ -8,6 +8,8 @@ runs follow one another in one process. What a run measures:
 - ``train_loss``: the mean training loss over the last ``tail`` optimizer steps (a single step is noisy);
 - ``val_loss`` / ``val_perplexity``: ``trainer.validate`` on a fixed list of validation batches, the same
   for every run (token-weighted mean, ``LlamaLM.validation_step``);
+- its size: the parameter counts of its built model (P, the embedding, everything), tokens per parameter and, on
+  the embedded corpus, unique tokens and epochs (``bhyt_pl.study.protocol.size``);
 - ``tokens_per_sec``: training tokens / wall time of the training loop (model build, depth statistics
   and validation excluded; the first step, with its allocator warm-up, included);
 - depth statistics before the first step and after the last, and trajectories: the depth statistics and the
@@ -43,10 +45,13 @@ import torch
 from lightning.pytorch.loggers import CSVLogger
 
 from bhyt_pl.callbacks.stability import StabilityMonitor
+from bhyt_pl.data import C4DataModule
+from bhyt_pl.model_size import ModelSize, tokens_per_param
 from bhyt_pl.module import LlamaLM
 from bhyt_pl.run_config import data_run_facts
 from bhyt_pl.strict_json import write as write_json
 from bhyt_pl.study.protocol.metrics import trajectory_point
+from bhyt_pl.study.protocol.size import epochs, unique_tokens
 from bhyt_pl.study.protocol.spec import RunResult, RunSpec, RunStatus, TrainerSettings, run_dirname
 from bhyt_pl.study.run.callbacks import DivergenceMonitor, MemoryLogger, TrajectoryRecorder
 from bhyt_pl.study.run.measure import depth_statistics, layer_importance, stability_summary, variance_bound
@@ -152,6 +157,10 @@ def run_one(
         module = build_module(spec, datamodule, settings.compile)
         module.configure_model()  # built now (fit keeps it): the initial statistics see the weights that train
         result.n_layers, result.dim = module.config.n_layers, module.config.dim
+        size = ModelSize.of(module.config, module.model)
+        result.block_params, result.embedding_params = size.block_params, size.embedding_params
+        result.total_params = size.total_params
+        result.corpus_tokens = datamodule.training_tokens_per_epoch() if isinstance(datamodule, C4DataModule) else None
         if saved is None:
             result.depth_init = depth_statistics(module, val_batches)
             if recorder is not None:
@@ -230,6 +239,10 @@ def run_one(
     result.losses = list(monitor.losses)
     result.steps_done = max(result.steps_done, len(monitor.losses))
     result.tokens = monitor.tokens
+    if result.block_params:
+        result.tokens_per_param = tokens_per_param(result.tokens, result.block_params)
+    result.unique_tokens = unique_tokens(result.tokens, result.corpus_tokens)
+    result.epochs = epochs(result.tokens, result.corpus_tokens)
     result.train_seconds = monitor.train_seconds if monitor.train_seconds > 0 else math.nan
     if monitor.tokens and result.train_seconds > 0:
         result.tokens_per_sec = monitor.tokens / result.train_seconds
