@@ -33,7 +33,6 @@ from typing import Any
 
 import yaml
 
-from bhyt_pl import strict_json
 from bhyt_pl.callbacks.layer_metrics import layer_series, split_layer_key
 from bhyt_pl.callbacks.layer_stats import LayerStatistic, OnBlockOutput, statistics
 from bhyt_pl.errors import UsageError
@@ -194,33 +193,38 @@ def load_event_run(path: str | Path) -> RunData:
 
 
 def load_study_runs(path: str | Path, only: Sequence[str] = ()) -> list[RunData]:
-    """The runs of a depth study's ``results.json`` (``python -m bhyt_pl study``), optionally only those whose
-    label matches one of the ``only`` patterns (``fnmatch``, e.g. ``'bhyt@*-s0'``)."""
-    path = Path(path)
-    path = path / "results.json" if path.is_dir() else path
-    data = strict_json.loads(path.read_text())  # the study's encoding of NaN and infinity
-    tokens_per_step = (data.get("meta") or {}).get("tokens_per_step")
+    """The runs of a study's ``results.json`` (``python -m bhyt_pl study``, any kind and schema version: read by the
+    study's own loader), optionally only those whose label matches one of the ``only`` patterns (``fnmatch``, e.g.
+    ``'bhyt@*-s0'``)."""
+    from bhyt_pl.study.record.results import load, results_path
+
+    path = results_path(path)
+    try:
+        record = load(path)
+    except ValueError as exc:
+        raise UsageError(f"compare: {exc}") from None
+    tokens_per_step = record.meta.get("tokens_per_step")
     runs = []
-    for result in data.get("runs", []):
-        spec = result.get("spec", {})
-        name = spec.get("label", "")
+    for result in record.runs:
+        spec = result.spec
+        name = spec.label
         if only and not any(fnmatch.fnmatchcase(name, pattern) for pattern in only):
             continue
-        extra = f"lr={spec['lr']:g}, seed={spec.get('seed')}" if "lr" in spec else ""
-        label = norm_label(spec.get("norm", name), spec.get("norm_args")) + (f" [{extra}]" if extra else "")
-        run = RunData(label=label, source=f"{path}:{name}", tokens_per_step=tokens_per_step)
-        run.train_loss = [(int(s), float(v)) for s, v in result.get("losses") or []]
-        if result.get("val_loss") is not None:
-            run.val_loss = [(int(result.get("steps_done") or run.steps), float(result["val_loss"]))]
-        depth = result.get("depth_final") or {}
+        label = norm_label(spec.norm, spec.norm_args) + f" [lr={spec.lr:g}, seed={spec.seed}]"
+        run = RunData(
+            label=label,
+            source=f"{path}:{name}",
+            tokens_per_step=tokens_per_step if isinstance(tokens_per_step, int) else None,
+        )
+        run.train_loss = [(int(s), float(v)) for s, v in result.losses]
+        run.val_loss = [(int(result.steps_done or run.steps), float(result.val_loss))]
         for stat in depth_statistics():
-            layers = layer_series(depth, stat.name)
+            layers = layer_series(result.depth_final, stat.name)
             if layers:
                 run.profiles[f"depth/{stat.name}"] = (run.steps, layers)
-        stability = result.get("stability") or {}
         for key in ("loss_spikes", "grad_norm_spikes"):
-            if stability.get(key) is not None:
-                run.scalars[f"stability/{key}"] = float(stability[key])
+            if result.stability.get(key) is not None:
+                run.scalars[f"stability/{key}"] = float(result.stability[key])
         runs.append(run)
     if not runs:
         raise UsageError(f"compare: no run of {str(path)!r} matches --only {' '.join(only)}")

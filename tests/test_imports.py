@@ -48,7 +48,6 @@ LAYERS: list[tuple[str, ...]] = [
     ("bhyt_pl.callbacks", "bhyt_pl.convert"),
     ("bhyt_pl.module", "bhyt_pl.eval"),
     ("bhyt_pl.failures", "bhyt_pl.watchdog"),  # how the command line reports a failed run; a hung one ends
-    ("bhyt_pl.compare",),
     # the study, in the order of its pipeline: design and rules, one run, where runs execute, the record, the report,
     # and the command line with its driver and kinds (the package root and ``__main__`` are the entry point)
     ("bhyt_pl.study.protocol",),
@@ -57,6 +56,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("bhyt_pl.study.record",),
     ("bhyt_pl.study.report",),
     ("bhyt_pl.study.cli", "bhyt_pl.study"),
+    ("bhyt_pl.compare",),  # runs of fits and of studies (a study's record through the study's own loader)
     ("bhyt_pl.bench",),  # measures everything below it, a study run included (bench --parts study_run)
     ("bhyt_pl", "bhyt_pl.__main__", "bhyt_pl.cli"),  # the package root re-exports; the entry point and the CLI,
     # which loads every tool (eval, bench, study, ...) by name

@@ -134,7 +134,7 @@ def test_a_resumed_invocation_adds_its_wall_time_to_the_earlier_ones(tmp_path: P
         {"started": "2025-01-02 10:00:00", "wall_seconds": 120.0, "outcome": "interrupted"},
         {"started": "2025-01-02 11:00:00", "wall_seconds": 30.5, "outcome": "running"},  # its driver was killed
     ]
-    (tmp_path / "results.json").write_text(json.dumps({"meta": {"wall_seconds": 150.5, "invocations": earlier}}))
+    save(tmp_path, StudyRecord("exploration", {"wall_seconds": 150.5, "invocations": earlier}))
     invocation = Invocation.resume(tmp_path)
     assert [i["outcome"] for i in invocation.earlier] == ["interrupted", "stopped"]
     meta: dict = {}
@@ -148,7 +148,7 @@ def test_a_resumed_invocation_adds_its_wall_time_to_the_earlier_ones(tmp_path: P
 
 
 def test_an_older_record_counts_as_one_invocation_and_restart_starts_afresh(tmp_path: Path) -> None:
-    (tmp_path / "results.json").write_text(json.dumps({"meta": {"wall_seconds": 36.7}, "runs": []}))
+    (tmp_path / "results.json").write_text(json.dumps({"meta": {"wall_seconds": 36.7}, "runs": []}))  # schema 1
     assert Invocation.resume(tmp_path).earlier == [{"wall_seconds": 36.7}]
     assert Invocation.resume(tmp_path, restart=True).earlier == []  # --restart trains the study again
     assert Invocation.resume(tmp_path / "missing").earlier == []

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bhyt_pl.strict_json import loads
+from bhyt_pl.study.record.results import RESULTS_FILE, load
 
 __all__ = ["Invocation"]
 
@@ -49,15 +49,16 @@ class Invocation:
         study again from scratch, or when there is no readable record). An older record without the list counts as
         one invocation of its ``wall_seconds``; an invocation the record shows still running stopped without saying
         how (its driver was killed)."""
-        path = Path(folder) / "results.json"
+        path = Path(folder) / RESULTS_FILE
         if restart or not path.is_file():
             return cls()
         try:
-            meta = loads(path.read_text()).get("meta") or {}
-        except (OSError, ValueError, AttributeError) as exc:
+            meta = load(path).meta
+        except ValueError as exc:
             log.warning("%s cannot be read (%s); the wall time of earlier invocations is not carried over", path, exc)
             return cls()
-        earlier = [dict(item) for item in meta.get("invocations") or []]
+        listed = meta.get("invocations")
+        earlier = [dict(item) for item in listed if isinstance(item, dict)] if isinstance(listed, list) else []
         if not earlier and isinstance(meta.get("wall_seconds"), int | float):
             earlier = [{"wall_seconds": meta["wall_seconds"]}]
         for item in earlier:
