@@ -42,6 +42,7 @@ from bhyt_pl.study.protocol.design import StudyDesign, rate_key
 from bhyt_pl.study.protocol.plan import default_matched_lrs, evaluation_specs, select, selection_specs, sweep_specs
 from bhyt_pl.study.protocol.size import RunSize
 from bhyt_pl.study.protocol.spec import RunResult, RunSpec, legacy_label
+from bhyt_pl.study.run.data import StudyData
 from bhyt_pl.study.run.runner import build_module
 
 if TYPE_CHECKING:
@@ -252,7 +253,7 @@ def quiet_lightning() -> Iterator[None]:
             logger.setLevel(level)
 
 
-def probe_pace(spec: RunSpec, data: Any, steps: int, compile: bool = False, threads: int | None = None) -> Probe:
+def probe_pace(spec: RunSpec, data: StudyData, steps: int, compile: bool = False, threads: int | None = None) -> Probe:
     """Train ``spec`` for 1 + ``steps`` optimizer steps in this process (no logger, no checkpoint, no folder left
     behind) and time every step after the first (the first builds the allocator's pools and, compiled, the graphs).
 
