@@ -182,3 +182,40 @@ def write_pilot(folder, ln_magnitude: Mapping[str, Sequence[float]] | None = Non
     document = StudyRecord("exploration", meta, runs, setup, design).to_dict()
     (folder / "results.json").write_text(json.dumps(document, indent=1, default=str))
     return folder
+
+
+# ----------------------------------------------------------------------------- the confirmation's runs
+def confirmation_ln(group: str, i: int) -> float:
+    """ln last-layer magnitude of the confirmation's seed ``i``: BHyT clearly below RMSNorm and LayerNorm, level with
+    Peri-LN (its differences -0.14, +0.08, -0.10, +0.12, -0.06 on seeds 4-8: mean -0.02)."""
+    return {
+        "bhyt": 0.6 + 0.02 * (i - 6),
+        "rmsnorm": 2.0 + 0.05 * (-1) ** i,
+        "layernorm": 1.8 - 0.03 * (i - 6),
+        "peri_ln": 0.6 + 0.1 * (-1) ** i,
+        "lns": 0.5,
+    }[group]
+
+
+def confirmation_runs(plan, pilot) -> list:
+    """The confirmation's runs of ``plan`` (``confirmation_specs``), each with ``confirmation_ln``'s magnitude."""
+    from bhyt_pl.study.cli.confirmation_plan import confirmation_specs
+
+    return [layer_run(spec, confirmation_ln(spec.group, spec.seed_index)) for spec in confirmation_specs(plan, pilot)]
+
+
+def two_group_record():
+    """An exploration's record: two groups of registered schemes, each kept at one rate, with two evaluation seeds."""
+    from bhyt_pl.study.protocol.design import parse_group
+    from bhyt_pl.study.record.results import StudyRecord
+
+    runs, selections = [], {}
+    for group, lr in (("rmsnorm", 1e-3), ("bhyt", 3e-3)):
+        chosen = synthetic(group, lr, 0, [1.0, 2.0], 3.0)
+        runs += [chosen, synthetic(group, lr, 1, [1.0, 2.0], 3.1), synthetic(group, lr, 2, [1.0, 3.0], 3.2)]
+        selections[group] = Selection(group, chosen, (chosen,))
+    groups = (parse_group("rmsnorm"), parse_group("bhyt"))
+    design = StudyDesign(groups, (1e-3, 3e-3), 2, 1, selections, (3e-3,), "given with --matched-lrs")
+    return StudyRecord(
+        "exploration", {"command": "python -m bhyt_pl study", "schemes": ["rmsnorm", "bhyt"]}, runs, design=design
+    )

@@ -619,14 +619,14 @@ RULES: list[tuple[str, Action]] = [
         run_here("--probe-steps", "1", "--no-compile"))),
     (r"bhyt_pl study --report-from docs/depth_study$", Action(
         "parse", "the study's parser; report_from, on a copy (the command rewrites docs/depth_study), is run by "
-        "tests/study/test_study_report.py::test_the_committed_report_rebuilds_from_its_record_byte_for_byte",
+        "tests/study/test_report_exploration.py::test_the_committed_report_rebuilds_from_its_record_byte_for_byte",
         parse_tool)),
     (r"study confirm --pilot DIR --max-seeds 13 --plan-only$", Action(
         "run", "DIR docs/depth_study, the committed pilot (writes nothing)", run_here(), {"DIR": "docs/depth_study"})),
     (r"study confirm --pilot (DIR|docs/depth_study)( --max-seeds 13( --workers 2)?)?$", PLAN_ONLY),
     (r"study --report-from DIR/confirmation$", Action(
         "parse", "the study's parser; the confirmation's report is rebuilt from a copy of its record by "
-        "tests/study/test_confirm_report.py", parse_tool, {"DIR": "docs/depth_study"})),
+        "tests/study/test_report_confirmation.py", parse_tool, {"DIR": "docs/depth_study"})),
     (r"study confirm --pilot runs/study-374m --launcher slurm ", Action(
         "parse", "the confirmation's parser (a pilot of the SLURM study)", parse_tool)),
 ]  # fmt: skip

@@ -61,12 +61,16 @@ def test_no_two_test_modules_share_a_basename() -> None:
 
 
 def test_every_study_module_has_its_own_test_file() -> None:
-    """``bhyt_pl/study/<module>.py`` is tested in ``tests/study/test_<module>.py`` (``test_study_<module>.py`` where
-    another package has a module of that name, as ``bench`` has ``command.py`` and ``report.py``)."""
+    """``bhyt_pl/study/<subpackage>/<module>.py`` is tested in ``tests/study/test_<module>.py``, or
+    ``test_<subpackage>_<module>.py`` where two subpackages have a module of that name (``cli/exploration.py`` and
+    ``report/exploration.py``), or ``test_study_<module>.py`` where another package has one (``bench``'s
+    ``command.py``)."""
     tests = {p.name for p in (ROOT / "tests" / "study").glob("test_*.py")}
+    modules = [m for m in sorted((ROOT / "bhyt_pl" / "study").rglob("*.py")) if not m.name.startswith("__")]
+    assert len(modules) > 40  # the glob finds the subpackages' modules
     missing = [
-        module.name
-        for module in sorted((ROOT / "bhyt_pl" / "study").glob("*.py"))
-        if not module.name.startswith("__") and not {f"test_{module.name}", f"test_study_{module.name}"} & tests
+        str(module.relative_to(ROOT))
+        for module in modules
+        if not {f"test_{module.name}", f"test_study_{module.name}", f"test_{module.parent.name}_{module.name}"} & tests
     ]
     assert not missing, f"study modules without a test file: {missing}"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bhyt_pl.study import main
-from bhyt_pl.study.cli.kinds import KINDS, OnResult, PreparedStudy, StudyKind, register_kind, unregister_kind
+from bhyt_pl.study.cli.kinds import OnResult, PreparedStudy, StudyKind, register_kind, unregister_kind
 from bhyt_pl.study.launch.execution import run_all
 from bhyt_pl.study.launch.scheduler import Scheduler
 from bhyt_pl.study.protocol.spec import RunResult, RunSpec, TrainerSettings
@@ -95,9 +95,3 @@ def test_a_record_of_an_unregistered_kind_is_named(tmp_path: Path, two_rates: Tw
     unregister_kind("two-rates")
     assert main(["--report-from", str(tmp_path)]) == 2
     register_kind(two_rates)
-
-
-def test_a_kind_cannot_take_a_command_already_taken(two_rates: TwoRates) -> None:
-    with pytest.raises(ValueError, match="clashes with"):
-        register_kind(TwoRates())
-    assert "exploration" in KINDS and "confirmation" in KINDS
