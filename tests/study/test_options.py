@@ -18,6 +18,7 @@ from bhyt_pl.study.launch.options import (
     cluster_settings,
     interrupted_runs,
     make_launcher,
+    study_folder,
 )
 
 
@@ -64,3 +65,11 @@ def test_an_interrupted_driver_says_what_becomes_of_its_runs() -> None:
     assert interrupted_runs("pool") == "this machine's workers stop"
     assert interrupted_runs("local").startswith("its local jobs go on unless the interrupt reached them")
     assert interrupted_runs("slurm") == "its queued and running jobs go on"
+
+
+def test_a_job_launcher_is_told_the_study_folder_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    relative = Path("runs/study")
+    assert study_folder(LaunchOptions(launcher="pool"), relative) == relative  # this machine: as given
+    for launcher in ("local", "slurm"):  # its jobs start in another working directory
+        assert study_folder(LaunchOptions(launcher=launcher), relative) == tmp_path / "runs" / "study"

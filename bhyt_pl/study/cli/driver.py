@@ -20,7 +20,13 @@ import torch
 from bhyt_pl.study.cli.config_file import expand_config_files
 from bhyt_pl.study.cli.kinds import KINDS, PreparedStudy, StudyKind, kind_for_command, study_parser
 from bhyt_pl.study.cli.setup import loadavg_text
-from bhyt_pl.study.launch.options import LaunchOptions, check_launcher, interrupted_runs, make_launcher
+from bhyt_pl.study.launch.options import (
+    LaunchOptions,
+    check_launcher,
+    interrupted_runs,
+    make_launcher,
+    study_folder,
+)
 from bhyt_pl.study.launch.scheduler import Scheduler, progress_line
 from bhyt_pl.study.protocol.spec import RunResult, RunStatus, TrainerSettings
 from bhyt_pl.study.record.invocation import Invocation
@@ -107,8 +113,7 @@ def _run(
         torch.set_num_threads(int(values["threads"]))
     record, setup, noun = prepared.record, prepared.record.setup, prepared.noun
     assert setup is not None
-    # a cluster's jobs find the study folder from another node's working directory
-    out = prepared.out if launch.launcher == "pool" else prepared.out.absolute()
+    out = study_folder(launch, prepared.out)
     meta = record.meta
     meta["workers"] = workers
     restart = bool(values.get("restart"))

@@ -41,6 +41,7 @@ __all__ = [
     "cluster_settings",
     "interrupted_runs",
     "make_launcher",
+    "study_folder",
     "study_name",
 ]
 
@@ -218,6 +219,12 @@ def interrupted_runs(launcher: str) -> str:
     """What becomes of the runs in training when the driver is interrupted, for its last line before it exits."""
     submitit_launcher = SUBMITIT_LAUNCHERS.get(launcher)
     return "this machine's workers stop" if submitit_launcher is None else submitit_launcher.interrupted_runs
+
+
+def study_folder(options: LaunchOptions, out: Path) -> Path:
+    """``out`` as the runs must be told it: absolute for a job launcher, whose jobs start in another working
+    directory (another node's), as given for this machine's pool."""
+    return out if cluster_settings(options) is None else out.absolute()
 
 
 def study_name(out: Path) -> str:
