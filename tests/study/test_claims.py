@@ -181,6 +181,34 @@ def test_a_claim_added_as_one_table_row_is_evaluated_by_hand() -> None:
     assert data["tests"][1]["runs"]["target"] == ["a@lr0.01-s1", "a@lr0.01-s2", "a@lr0.01-s3"]
 
 
+def test_a_row_declaring_a_phase_pairs_that_phases_values_by_hand() -> None:
+    results, design = synthetic_set()
+    # group a starts with a last layer of e^0.3 (every other layer, and group b, start at 1)
+    for i, r in enumerate(results):
+        if r.spec.group == "a":
+            start = dict(r.trajectory[0], magnitude=[1.0, 1.0, 1.0, math.exp(0.3)])
+            results[i] = replace(r, trajectory=[start, *r.trajectory[1:]])
+    rows = [
+        ClaimSpec("A's magnitude is below B's", "Figure 3", "A", "B", "magnitude", "matched", "lower", phase=phase)
+        for phase in ("init", "end", "training")
+    ]
+    assert [row.name for row in rows] == [
+        "A < B: magnitude, at initialisation",
+        "A < B: magnitude",
+        "A < B: magnitude, made by training",
+    ]
+    items, _ = evaluate(results, design, {"A": "a", "B": "b"}, claims=rows)
+    # by hand at 3e-3: d = -1 + offset/2 at the end, 0.3 - 0 at step 0, so -1.3 + offset/2 made by training
+    assert [c.tests[0].difference.mean for c in items] == [pytest.approx(0.3), pytest.approx(-1.0), pytest.approx(-1.3)]
+    assert [c.tests[1].difference.mean for c in items] == [pytest.approx(0.3), pytest.approx(0.5), pytest.approx(0.2)]
+    # the record names a phase other than the end, and only then
+    assert [c.to_dict().get("phase") for c in items] == ["init", None, "training"]
+    # claims over training read each step's own value, whatever the phase
+    assert items[2].tests[0].over_training == items[1].tests[0].over_training
+    with pytest.raises(ValueError, match="phase must be one of .*, got 'later'"):
+        ClaimSpec("x", "Figure 3", "A", "B", "magnitude", "matched", "lower", phase="later")
+
+
 def test_best_arm_pairs_each_group_at_its_own_rate_and_holm_adjusts_the_family() -> None:
     results, design = synthetic_set()
     rows = (

@@ -20,6 +20,8 @@ from bhyt_pl.study.cli import confirmation_plan as confirm
 from bhyt_pl.study.cli.confirmation import CONFIRMATION
 from bhyt_pl.study.cli.confirmation_plan import frozen_plan, load_pilot
 from bhyt_pl.study.protocol import power_plan
+from bhyt_pl.study.protocol.claims import ClaimSpec
+from bhyt_pl.study.protocol.confirmation import evaluate
 from bhyt_pl.study.record.results import StudyRecord
 
 KIND = "confirmation"
@@ -163,6 +165,51 @@ def test_the_record_round_trips_and_the_pilot_refuses_other_records(
         (tmp_path / "c").mkdir()
         (tmp_path / "c" / "results.json").write_text(json.dumps(document))
         load_pilot(tmp_path / "c")
+
+
+def _start(run: dict, ln_magnitude: float) -> dict:
+    """``run`` (a record's row) with its step-0 last-layer magnitude ``exp(ln_magnitude)`` (the others 1)."""
+    start = dict(run["trajectory"][0], magnitude=[1.0, 1.0, 1.0, math.exp(ln_magnitude)])
+    return run | {"trajectory": [start, *run["trajectory"][1:]]}
+
+
+def test_a_family_declaring_the_made_by_training_phase_plans_and_decides_on_end_minus_start(tmp_path: Path) -> None:
+    # the pilot: ln last-layer magnitude at the end (write_pilot) and at step 0, on seed indices 0..3
+    end = {"bhyt": (0.6, 0.6, 0.5, 0.7), "rmsnorm": (2.0, 2.0, 2.0, 2.0)}
+    start = {"bhyt": (0.0, 0.1, 0.2, 0.0), "rmsnorm": (0.0, 0.5, 0.4, 0.6)}
+    folder = write_pilot(tmp_path / "pilot", end)
+    document = json.loads((folder / "results.json").read_text())
+    document["runs"] = [_start(r, start[r["spec"]["group"]][r["spec"]["seed_index"]]) for r in document["runs"]]
+    (folder / "results.json").write_text(json.dumps(document))
+    pilot = load_pilot(folder)
+    row = ClaimSpec(
+        "BHyT's training grows the last layer less than RMSNorm's", "Figure 3", "BHyT", "RMSNorm", "magnitude",
+        "matched", "lower", primary=True, why="made by training", phase="training",
+    )  # fmt: skip
+    (found,), claims, _ = confirm.candidates(pilot, 3e-3, rows=(row,), paper=())
+    # by hand on seeds 1-3: BHyT (0.6 - 0.1, 0.5 - 0.2, 0.7 - 0.0) - RMSNorm (2.0 - 0.5, 2.0 - 0.4, 2.0 - 0.6)
+    assert found.name == "BHyT < RMSNorm: magnitude, made by training" and found.phase == "training"
+    assert found.pilot == pytest.approx((-1.0, -1.3, -0.7))  # at the end it would be (-1.4, -1.5, -1.3)
+    source = {"rate": 3e-3, "candidates": {"bhyt": "bhyt", "rmsnorm": "rmsnorm"}}
+    plan = power_plan.make_plan([found], claims, pilot_seed_indices=pilot.seed_indices, source=source)
+    (test,) = plan.primary
+    assert test.phase == "training" and (test.pilot_n, test.pilot_mean) == (3, pytest.approx(-1.0))
+    assert test.pilot_sd == pytest.approx(0.3)
+    assert plan.to_dict()["tests"][0]["phase"] == "training"
+    assert power_plan.Plan.from_dict(json.loads(json.dumps(plan.to_dict()))).tests[0].phase == "training"
+    # the confirmation's runs: end (0.6, 2.0) and step 0 (0.2, 0.5 + 0.1 (-1)^i) on every new seed i
+    runs = []
+    for spec in confirm.confirmation_specs(plan, pilot):
+        i, bhyt = spec.seed_index, spec.group == "bhyt"
+        run = layer_run(spec, 0.6 if bhyt else 2.0)
+        first = dict(run.trajectory[0], magnitude=[1.0, 1.0, 1.0, math.exp(0.2 if bhyt else 0.5 + 0.1 * (-1) ** i)])
+        runs.append(replace(run, trajectory=[first, *run.trajectory[1:]]))
+    (result,) = evaluate(plan, runs).tests
+    made = [(0.6 - 0.2) - (2.0 - 0.5 - 0.1 * (-1) ** i) for i in plan.seed_indices("bhyt")]  # -1.1 -+ 0.1
+    assert result.difference.n == len(made) == plan.group_seeds["bhyt"]
+    assert result.difference.mean == pytest.approx(sum(made) / len(made))  # at the end: exactly -1.4
+    assert result.verdict == "confirmed" and result.to_dict()["phase"] == "training"
+    assert result.to_dict()["plan"]["phase"] == "training"
 
 
 def test_a_pilot_without_what_the_confirmation_needs_is_refused(tmp_path: Path) -> None:

@@ -1,16 +1,28 @@
 """Per-run metrics (``bhyt_pl.study.protocol.metrics``): the validation loss and every summary of every registered
 statistic,
-read from a snapshot, on the comparison scale, with their declared margins."""
+read from a snapshot, on the comparison scale, with their declared margins, and at each phase of a run (step 0, the
+end, made by training) paired per seed by hand."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from study_fixtures import BASE, fake_result
 
 from bhyt_pl.callbacks.layer_stats import statistics
-from bhyt_pl.study.protocol.metrics import VAL_LOSS, final_snapshot, metric, metrics, snapshots, value
+from bhyt_pl.study.protocol import stats
+from bhyt_pl.study.protocol.metrics import (
+    PHASES,
+    VAL_LOSS,
+    final_snapshot,
+    metric,
+    metrics,
+    phase_value,
+    snapshots,
+    value,
+)
 from bhyt_pl.study.protocol.spec import RunResult
 
 
@@ -62,3 +74,46 @@ def test_a_snapshot_over_training_and_the_final_one() -> None:
     end = final_snapshot(run)
     assert end["magnitude"] == [1.0, 2.0, 4.0, 8.0] and end["val_loss"] == 3.25 and end["step"] == 10
     assert math.isnan(value(RunResult(BASE), "magnitude"))  # no profile: NaN, not an error
+
+
+def _run(seed_index: int, ln_start: float, ln_end: float) -> RunResult:
+    """A finished run of 4 layers whose last-layer magnitude is ``exp(ln_start)`` at step 0 and ``exp(ln_end)`` at
+    the end (the other layers 1)."""
+    run = fake_result(replace(BASE, seed_index=seed_index), 3.0, [1.0, 1.0, 1.0, math.exp(ln_end)])
+    start = dict(run.trajectory[0], magnitude=[1.0, 1.0, 1.0, math.exp(ln_start)])
+    return replace(run, trajectory=[start, *run.trajectory[1:]])
+
+
+def test_the_three_phases_paired_per_seed_by_hand() -> None:
+    # two seeds; ln last-layer magnitude (step 0, end): target (0.2, 1.0), (0.4, 1.5); baseline (0.1, 2.0), (0.1, 2.2)
+    target = {1: _run(1, 0.2, 1.0), 2: _run(2, 0.4, 1.5)}
+    baseline = {1: _run(1, 0.1, 2.0), 2: _run(2, 0.1, 2.2)}
+    t_975_1 = 12.706204736  # the two-sided 95 % t quantile at 1 degree of freedom
+    # per-seed d: init 0.1, 0.3; end -1.0, -0.7; training (0.8 - 1.9, 1.1 - 2.1) = -1.1, -1.0
+    # with 2 pairs the standard error is |d1 - d2| / 2: 0.1, 0.15, 0.05
+    expected = {"init": (0.2, 0.1), "end": (-0.85, 0.15), "training": (-1.05, 0.05)}
+    for phase, (mean, se) in expected.items():
+        d = stats.paired_differences(
+            {i: phase_value(r, "magnitude", phase) for i, r in target.items()},
+            {i: phase_value(r, "magnitude", phase) for i, r in baseline.items()},
+        )
+        iv = stats.interval(d)
+        assert (iv.n, iv.mean) == (2, pytest.approx(mean))
+        assert (iv.low, iv.high) == (pytest.approx(mean - t_975_1 * se), pytest.approx(mean + t_975_1 * se))
+    assert PHASES == ("init", "end", "training")
+    assert phase_value(target[2], "magnitude", "end") == value(target[2], "magnitude") == pytest.approx(1.5)
+    assert phase_value(target[2], "magnitude", "training") == pytest.approx(1.1)
+
+
+def test_phases_of_the_loss_and_of_runs_without_a_start() -> None:
+    run = _run(1, 0.0, 2.0)
+    # the loss at step 0 (10.0 in these runs) is read the same way: training removed 10.0 - 3.0 nats
+    assert phase_value(run, "val_loss", "init") == 10.0 and phase_value(run, "val_loss", "training") == -7.0
+    no_start = replace(run, trajectory=run.trajectory[1:])
+    assert phase_value(no_start, "magnitude", "end") == pytest.approx(2.0)
+    assert math.isnan(phase_value(no_start, "magnitude", "init"))
+    assert math.isnan(phase_value(no_start, "magnitude", "training"))
+    diverged = replace(run, status="diverged")
+    assert all(math.isnan(phase_value(diverged, "magnitude", phase)) for phase in PHASES)
+    with pytest.raises(ValueError, match=r"phase must be one of \('init', 'end', 'training'\), got 'start'"):
+        phase_value(run, "magnitude", "start")

@@ -36,8 +36,9 @@ from bhyt_pl.study.cli.kinds import OnResult, PreparedStudy, StudyKind, register
 from bhyt_pl.study.cli.setup import loadavg_text
 from bhyt_pl.study.launch.execution import run_all
 from bhyt_pl.study.launch.scheduler import Scheduler
-from bhyt_pl.study.protocol import power, power_plan
+from bhyt_pl.study.protocol import power, power_plan, power_plan_text
 from bhyt_pl.study.protocol.confirmation import evaluate
+from bhyt_pl.study.protocol.metrics import END
 from bhyt_pl.study.protocol.size import run_sizes
 from bhyt_pl.study.protocol.spec import RunResult, RunSpec, TrainerSettings
 from bhyt_pl.study.record.results import StudyRecord
@@ -175,7 +176,7 @@ class ConfirmationKind(StudyKind):
         else:
             plan = frozen_plan(plan_path, pilot, args.rate, args.max_seeds, args.seeds)
         frozen = "frozen in " + str(plan_path) if plan_path.exists() else "not written: --plan-only"
-        print(plan.render() + f"\n\n(plan {frozen})", flush=True)
+        print(power_plan_text.render(plan) + f"\n\n(plan {frozen})", flush=True)
         pilot_setup = pilot.record.setup
         assert pilot_setup is not None  # load_pilot refuses a record without one
         settings = _settings(pilot_setup.settings, args)
@@ -215,6 +216,7 @@ class ConfirmationKind(StudyKind):
                 {
                     "name": t.name,
                     "statistic": t.statistic,
+                    **({"phase": t.phase} if t.phase != END else {}),  # only when not the end, as in plan.json
                     "rule": t.rule,
                     "margin": t.margin,
                     "rate": t.rate,

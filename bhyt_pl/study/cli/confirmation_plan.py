@@ -39,7 +39,7 @@ from bhyt_pl.study.protocol import power_plan, stats
 from bhyt_pl.study.protocol.claims import CONDITIONS, CONFIRMATION_ROWS, PAPER_CLAIMS, ClaimSpec, PaperClaimSpec
 from bhyt_pl.study.protocol.confirmation import group_rate
 from bhyt_pl.study.protocol.design import StudyDesign, StudyRuns, rate_key
-from bhyt_pl.study.protocol.metrics import value
+from bhyt_pl.study.protocol.metrics import phase_value
 from bhyt_pl.study.protocol.plan import evaluation_seeds
 from bhyt_pl.study.protocol.spec import RunResult, RunSpec, run_label
 from bhyt_pl.study.record.results import RESULTS_FILE, StudyRecord, load
@@ -137,12 +137,13 @@ def load_pilot(folder: Path) -> Pilot:
 
 # ----------------------------------------------------------------------------- candidates and the plan
 def _pilot_differences(pilot: Pilot, spec: ClaimSpec, target: str, baseline: str, rate: float | None) -> list[float]:
-    """The pilot's per-seed ``d = target - baseline`` of ``spec``'s metric on its comparison scale, at ``rate`` for
-    both (None: each group at its best rate)."""
+    """The pilot's per-seed ``d = target - baseline`` of ``spec``'s metric on its comparison scale at its phase (the
+    end, step 0 or made by training), at ``rate`` for both (None: each group at its best rate)."""
     sides = []
     for group in (target, baseline):
         lr = rate if rate is not None else pilot.design.kept(group).lr
-        sides.append({r.spec.seed_index: value(r, spec.metric) for r in pilot.evaluation_runs(group, lr)})
+        runs = pilot.evaluation_runs(group, lr)
+        sides.append({r.spec.seed_index: phase_value(r, spec.metric, spec.phase) for r in runs})
     return stats.paired_differences(*sides)
 
 
@@ -182,6 +183,7 @@ def candidates(
                 rate=at,
                 exploratory=exploratory,
                 why=spec.why if spec.primary else f"{spec.source}: {spec.statement}",
+                phase=spec.phase,
             )
         )
     names = {c.name for c in out}

@@ -32,7 +32,7 @@ from typing import TypedDict, Unpack
 
 from bhyt_pl.study.protocol import stats
 from bhyt_pl.study.protocol.design import StudyDesign, StudyRuns
-from bhyt_pl.study.protocol.metrics import metric, snapshots, value
+from bhyt_pl.study.protocol.metrics import END, PHASE_NAMES, PHASES, metric, phase_value, snapshots, value
 from bhyt_pl.study.protocol.spec import RunResult
 
 __all__ = [
@@ -75,6 +75,8 @@ class ClaimSpec:
             ``--max-seeds`` (docs/method.md, section 10, "Confirmation").
         why: for a primary row, the paper statement and the reason it is in the family; for any other row, the
             declared reason it stays exploratory in the confirmation.
+        phase: when the metric is read (``bhyt_pl.study.protocol.metrics.PHASES``): ``end`` (default), ``init``
+            (step 0) or ``training`` (end minus step 0, what training made); claims over training read each step.
     """
 
     statement: str
@@ -89,6 +91,7 @@ class ClaimSpec:
     bound: bool = False
     primary: bool = False
     why: str = ""
+    phase: str = END
 
     def __post_init__(self) -> None:
         try:
@@ -97,6 +100,8 @@ class ClaimSpec:
             raise ValueError(f"claim {self.statement!r}: {exc}") from None
         if self.arm not in ARMS:
             raise ValueError(f"claim {self.statement!r}: arm must be one of {ARMS}, got {self.arm!r}")
+        if self.phase not in PHASES:
+            raise ValueError(f"claim {self.statement!r}: phase must be one of {PHASES}, got {self.phase!r}")
         if self.rule not in stats.RULES:
             raise ValueError(f"claim {self.statement!r}: rule must be one of {stats.RULES}, got {self.rule!r}")
         if self.condition is not None and self.condition not in CONDITIONS:
@@ -114,10 +119,12 @@ class ClaimSpec:
     @property
     def name(self) -> str:
         """The test's short name: ``target <rule> baseline: metric`` (``BHyT < RMSNorm: median_magnitude``), marked
-        ``[theorem]`` for a conditional row; unique within ``CONFIRMATION_ROWS``."""
+        ``[theorem]`` for a conditional row and followed by a phase other than the end (``..., made by training``);
+        unique within ``CONFIRMATION_ROWS``."""
         relation = {"lower": "<", "higher": ">", "no_worse": "no worse than", "equivalent": "~"}[self.rule]
         mark = f" [{self.source}]" if self.condition is not None else ""
-        return f"{self.target} {relation} {self.baseline}: {self.metric}{mark}"
+        phase = f", {PHASE_NAMES[self.phase]}" if self.phase != END else ""
+        return f"{self.target} {relation} {self.baseline}: {self.metric}{mark}{phase}"
 
     @property
     def margin_value(self) -> float | None:
@@ -149,6 +156,7 @@ class _ClaimOptions(TypedDict, total=False):
     bound: bool
     primary: bool
     why: str
+    phase: str
 
 
 def _c(
@@ -367,7 +375,9 @@ class ClaimResult:
         return self._label([t.holm_verdict for t in self.tests])
 
     def to_dict(self) -> dict[str, object]:
+        """The record's row; ``phase`` only when it is not the end (records of end-only claims stay as written)."""
         spec = self.spec
+        phase = {"phase": spec.phase} if spec.phase != END else {}
         return {
             "statement": spec.statement,
             "source": spec.source,
@@ -375,6 +385,7 @@ class ClaimResult:
             "groups": {"target": self.target, "baseline": self.baseline},
             "metric": spec.metric,
             "arm": spec.arm,
+            **phase,
             "rule": spec.rule,
             "margin": spec.margin_value,
             "condition": self.condition,
@@ -403,7 +414,8 @@ class ClaimResult:
 def _test(spec: ClaimSpec, rate: str, lrs: tuple[float, float], a: list[RunResult], b: list[RunResult], tps: int):
     margin = spec.margin_value or 0.0
     values = stats.paired_differences(
-        {r.spec.seed_index: value(r, spec.metric) for r in a}, {r.spec.seed_index: value(r, spec.metric) for r in b}
+        {r.spec.seed_index: phase_value(r, spec.metric, spec.phase) for r in a},
+        {r.spec.seed_index: phase_value(r, spec.metric, spec.phase) for r in b},
     )
     d95, d90 = stats.interval(values), stats.interval(values, confidence=0.90)
     p_for, p_against = stats.rule_p_values(d95, spec.rule, margin)

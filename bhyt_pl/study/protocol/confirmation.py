@@ -10,7 +10,7 @@ from typing import TypedDict
 
 from bhyt_pl.study.protocol import power_plan, stats
 from bhyt_pl.study.protocol.design import rate_key
-from bhyt_pl.study.protocol.metrics import metric, snapshots, value
+from bhyt_pl.study.protocol.metrics import END, metric, phase_value, snapshots, value
 from bhyt_pl.study.protocol.spec import RunResult
 
 __all__ = [
@@ -96,12 +96,14 @@ class FamilyResult:
     Args:
         planned: its frozen plan row.
         target_runs, baseline_runs: the run labels it read (the confirmation's seeds only).
-        difference: the paired difference ``d`` on the test's scale, with its two-sided 95 % t-interval.
+        difference: the paired difference ``d`` on the test's scale at its planned phase (the end, step 0, or made
+            by training: end minus step 0), with its two-sided 95 % t-interval.
         difference_90: the same with the 90 % interval, whose bounds are the one-sided 95 % bounds.
         p: the one-sided p-value (``p_value``).
         holm_p: Holm's adjusted p-value across the family; the verdict reads it at the plan's alpha.
         verdict: ``confirmed``, ``not confirmed`` or ``untested`` (fewer than 2 pairs).
-        over_training: the same test at each trajectory point (uncorrected, descriptive).
+        over_training: the same test at each trajectory point (uncorrected, descriptive; each point's own value,
+            whatever the phase).
     """
 
     planned: power_plan.PlannedTest
@@ -138,16 +140,18 @@ class FamilyResult:
     def to_dict(self) -> dict[str, object]:
         t = self.planned
         ratio = self.ratio()
+        phase = {"phase": t.phase} if t.phase != END else {}  # only when not the end: records written before stay
         return {
             "name": t.name,
             "statistic": t.statistic,
+            **phase,
             "scale": "ln ratio" if self.log else "difference",
             "groups": {"target": t.target, "baseline": t.baseline},
             "rule": t.rule,
             "margin": t.margin,
             "rate": t.rate,
             "runs": {"target": list(self.target_runs), "baseline": list(self.baseline_runs)},
-            "plan": t.__dict__,
+            "plan": t.to_dict(),
             "pairs": self.difference.n,
             "difference_95": self.difference.__dict__,
             "difference_90": self.difference_90.__dict__,
@@ -239,7 +243,8 @@ def evaluate(plan: power_plan.Plan, runs: Iterable[RunResult], tokens_per_step: 
     for t in plan.primary:
         a, b = family_runs(plan, runs, t.target), family_runs(plan, runs, t.baseline)
         values = stats.paired_differences(
-            {i: value(r, t.statistic) for i, r in a.items()}, {i: value(r, t.statistic) for i, r in b.items()}
+            {i: phase_value(r, t.statistic, t.phase) for i, r in a.items()},
+            {i: phase_value(r, t.statistic, t.phase) for i, r in b.items()},
         )
         d95 = stats.interval(values)
         unadjusted.append(

@@ -10,6 +10,12 @@ the last layer ``L``.
 
 Margins (docs/method.md, section 10 says why): nats for the loss, 0.02 (below most published gaps between
 schemes); each statistic's summaries declare their own (ln units for last-layer values and growth).
+
+Every metric is read at one of three *phases* of a run (``PHASES``, ``phase_value``), each paired per seed on the
+metric's own comparison scale: at initialisation (the step-0 snapshot), at the end, and made by training (end minus
+step 0: for a ``log`` metric the ln of the end / step-0 ratio). The validation loss has a step-0 value too (the
+untrained model's loss on the same batches) and is read the same way: its made-by-training value is the loss the
+training removed, negative when training helped.
 """
 
 from __future__ import annotations
@@ -22,11 +28,15 @@ from bhyt_pl.callbacks.layer_stats import LayerStatistic, Summary, layer_profile
 from bhyt_pl.study.protocol.spec import RunResult, RunStatus, TrajectoryPoint
 
 __all__ = [
+    "END",
+    "PHASES",
+    "PHASE_NAMES",
     "VAL_LOSS",
     "Metric",
     "final_snapshot",
     "metric",
     "metrics",
+    "phase_value",
     "snapshots",
     "trajectory_point",
     "trajectory_statistics",
@@ -141,3 +151,22 @@ def value(r: RunResult, name: str, snapshot: Snapshot | None = None, compare: bo
     if m.log and compare:
         return math.log(x) if math.isfinite(x) and x > 0 else math.nan
     return x
+
+
+END = "end"
+PHASE_NAMES = {"init": "at initialisation", END: "at the end", "training": "made by training"}
+"""Each phase of a run a metric is read at (``phase_value``), with the words a test's name shows it by."""
+PHASES = tuple(PHASE_NAMES)
+
+
+def phase_value(r: RunResult, name: str, phase: str = END) -> float:
+    """Metric ``name`` of run ``r`` on its comparison scale at ``phase``: ``init`` the step-0 snapshot's value,
+    ``end`` the end's (``value``), ``training`` the end's minus step 0's. NaN for a run that diverged or failed, and
+    for ``init`` and ``training`` when the run has no step-0 snapshot."""
+    if phase not in PHASE_NAMES:
+        raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
+    if phase == END:
+        return value(r, name)
+    start = snapshots(r).get(0)
+    init = math.nan if start is None else value(r, name, start)
+    return init if phase == "init" else value(r, name) - init

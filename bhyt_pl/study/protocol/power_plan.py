@@ -30,6 +30,7 @@ from typing import Any
 
 from bhyt_pl import strict_json
 from bhyt_pl.study.protocol import stats
+from bhyt_pl.study.protocol.metrics import END, PHASES
 from bhyt_pl.study.protocol.power import (
     MIN_SEEDS,
     POWER,
@@ -85,6 +86,8 @@ class Candidate:
         exploratory: a reason, declared in advance, to keep the test out of the family (e.g. the baseline did not
             train); the plan still prints the seeds it would need.
         why: the reason it is a candidate (the paper statement it tests), for the reader.
+        phase: when ``statistic`` is read (``bhyt_pl.study.protocol.metrics.PHASES``): at the end (default), at
+            initialisation, or made by training (end minus step 0).
     """
 
     name: str
@@ -97,6 +100,7 @@ class Candidate:
     rate: float | None = None
     exploratory: str = ""
     why: str = ""
+    phase: str = END
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "pilot", tuple(math.nan if v is None else float(v) for v in self.pilot))
@@ -129,7 +133,7 @@ class PlannedTest:
     SD were the truth (for a reader of the exploratory rows; never used to plan). For a primary test, ``pairs`` is
     the number of pairs it will get (the smaller of its two groups' seed counts) and ``power`` its power there.
     A dropped test's ``level`` is the one it had when it left the family; the other rows' is the one they would
-    have if they joined it (``alpha / (m + 1)``).
+    have if they joined it (``alpha / (m + 1)``). ``phase`` is its candidate's.
     """
 
     name: str
@@ -154,10 +158,19 @@ class PlannedTest:
     pairs: int = 0
     power: float = math.nan
     why: str = ""
+    phase: str = END
 
     @property
     def primary(self) -> bool:
         return self.status == PRIMARY
+
+    def to_dict(self) -> dict[str, object]:
+        """The row as ``plan.json`` holds it: ``phase`` only when it is not the end, so a plan of end-only tests
+        reads as it did before tests had phases."""
+        row = asdict(self)
+        if self.phase == END:
+            del row["phase"]
+        return row
 
 
 @dataclass(frozen=True)
@@ -227,7 +240,7 @@ class Plan:
         raise ValueError(f"no test {name!r} in the plan; its tests are {[t.name for t in self.tests]}")
 
     def to_dict(self) -> dict[str, object]:
-        return asdict(self)
+        return asdict(self) | {"tests": [t.to_dict() for t in self.tests]}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Plan:
@@ -249,63 +262,6 @@ class Plan:
     def load(cls, path: str | Path) -> Plan:
         return cls.from_dict(strict_json.loads(Path(path).read_text()))
 
-    def render(self) -> str:
-        """The plan as text to print before the runs (markdown tables)."""
-        lines = [
-            f"Confirmation plan (frozen before any run): one-sided paired t-tests, Holm across the {self.family_size} "
-            f"primary tests at alpha {self.alpha:g}; each planned at alpha / {max(self.family_size, 1)} = "
-            f"{self.level:.3g} for power {self.power:g}, with the effect shrunk to the pilot's "
-            f"{self.shrink_confidence:.0%} bound nearer the boundary and the SD inflated to its one-sided "
-            f"{self.sd_confidence:.0%} upper bound; {self.min_seeds} to {self.max_seeds} seeds a test.",
-            "",
-            "| test | statistic | rule | pilot n | pilot mean [80 %] | pilot SD | shrunk effect | inflated SD | level "
-            "| seeds | pairs | power | plug-in seeds | status |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-        ]
-        for t in self.tests:
-            rule = t.rule + (f" {t.margin:g}" if t.rule in ("no_worse", "equivalent") else "")
-            status = t.status + (f": {t.reason}" if t.reason else "")
-            lines.append(
-                f"| {t.name} | {t.statistic} | {rule} | {t.pilot_n} | {t.pilot_mean:+.3f} [{t.pilot_low:+.3f}, "
-                f"{t.pilot_high:+.3f}] | {t.pilot_sd:.3f} | {t.effect:+.3f} | {t.sd:.3f} | {t.level:.3g} | "
-                f"{_count(t.seeds)} | {t.pairs or '-'} | {_num(t.power)} | {_count(t.plug_in_seeds)} | {status} |"
-            )
-        if self.claims:
-            lines += [
-                "",
-                "| paper-level claim (intersection-union) | components | seeds | joint power | status |",
-                "|---|---|---|---|---|",
-            ]
-            for c in self.claims:
-                status = c.status + (f": {c.reason}" if c.reason else "")
-                lines.append(
-                    f"| {c.name} | {'; '.join(c.components)} | {_count(c.seeds)} | {_num(c.joint_power)} | {status} |"
-                )
-        pilot = f"the pilot used {_indices(self.pilot_seed_indices)}"
-        if not self.group_seeds:
-            return "\n".join(lines + ["", f"No test is in the family: the confirmation trains nothing ({pilot})."])
-        seeds = ", ".join(f"{g} {n}" for g, n in self.group_seeds.items())
-        override = f" (--seeds {self.seeds_override} overrides the plan's counts)" if self.seeds_override else ""
-        last = self.first_seed_index + max(self.group_seeds.values()) - 1
-        lines += [
-            "",
-            f"Seeds per group{override}: {seeds}; {self.runs} runs, seed indices {self.first_seed_index}..{last} "
-            f"({pilot}).",
-        ]
-        return "\n".join(lines)
-
-
-def _count(n: int | None) -> str:
-    return "-" if n is None else str(n)
-
-
-def _num(x: float) -> str:
-    return "-" if not math.isfinite(x) else f"{x:.3f}"
-
-
-def _indices(indices: Sequence[int]) -> str:
-    return f"{min(indices)}..{max(indices)}" if indices else "none"
-
 
 # --- the plan ----------------------------------------------------------------------------------------------------
 
@@ -325,6 +281,8 @@ def _validate(
     if duplicates:
         problems.append(f"candidate names must be unique, repeated: {duplicates}")
     for c in candidates:
+        if c.phase not in PHASES:
+            problems.append(f"candidate {c.name!r}: phase must be one of {PHASES}, got {c.phase!r}")
         if c.rule not in stats.RULES:
             problems.append(f"candidate {c.name!r}: rule must be one of {stats.RULES}, got {c.rule!r}")
         elif c.rule in ("no_worse", "equivalent") and not c.margin > 0:
@@ -584,6 +542,7 @@ def _test_row(
         pairs=pairs,
         power=r.power(pairs, level) if pairs else math.nan,
         why=c.why,
+        phase=c.phase,
     )
 
 
