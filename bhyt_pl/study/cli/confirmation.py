@@ -153,6 +153,7 @@ class ConfirmationKind(StudyKind):
 
     name = "confirmation"
     command = "confirm"
+    dry_run_help = "print the plan (the frozen one if OUT has it) and its run count; train nothing, write nothing"
     description = (
         "The confirmation stage (docs/method.md, section 10, 'Confirmation'): read a finished exploration's "
         "results.json (--pilot), freeze a power plan in OUT/plan.json and print it, train only the groups its primary "

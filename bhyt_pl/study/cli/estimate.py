@@ -79,15 +79,8 @@ DEFAULT_PROBE_STEPS = 5
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The dry run's options, as one argument group of the study's parser."""
+    """The dry run's assumptions, as one argument group of the study's parser (``--dry-run`` itself is the driver's)."""
     group = parser.add_argument_group("dry run (print the plan and its cost, train nothing)")
-    group.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="print the runs the study would train (a range: the protocol adds grid extensions and the matched arm "
-        "as it goes), how many are finished in --out and would be reused, training FLOPs, GPU-hours and, on the CPU, "
-        "the time from a short probe; trains nothing, writes nothing",
-    )
     group.add_argument(
         "--mfu", type=float, default=DEFAULT_MFU, help="model FLOPs utilisation assumed for GPU-hours, in (0, 1]"
     )

@@ -457,6 +457,11 @@ class ExplorationKind(StudyKind):
         "trajectories, stability columns, LR sensitivity and layer importance (--sweep: stability grid over depth x "
         "LR)."
     )
+    dry_run_help = (
+        "print the runs the study would train (a range: the protocol adds grid extensions and the matched arm "
+        "as it goes), how many are finished in --out and would be reused, training FLOPs, GPU-hours and, on the CPU, "
+        "the time from a short probe; trains nothing, writes nothing"
+    )
     epilog = (
         "python -m bhyt_pl study confirm --pilot DIR: the confirmation stage on a finished study's results "
         "(python -m bhyt_pl study confirm --help; docs/method.md, section 10)."

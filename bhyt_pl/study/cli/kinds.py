@@ -75,6 +75,8 @@ class StudyKind(abc.ABC):
     """The word after ``python -m bhyt_pl study`` that selects it (``""``: the default kind)."""
     description: ClassVar[str] = ""
     epilog: ClassVar[str | None] = None
+    dry_run_help: ClassVar[str] = "print what would run; train nothing, write nothing"
+    """``--dry-run``'s help: what this kind's dry run prints."""
 
     @abc.abstractmethod
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
@@ -150,6 +152,5 @@ def study_parser(kind: StudyKind) -> StudyArgumentParser:
         help="rebuild DIR/report.md and its figures from DIR/results.json alone (any kind of study; no training, no "
         "run folders); every other option is ignored",
     )
-    if "--dry-run" not in p._option_string_actions:  # a kind may give its own, with its own options beside it
-        p.add_argument("--dry-run", action="store_true", help="print what would run; train nothing, write nothing")
+    p.add_argument("--dry-run", action="store_true", help=kind.dry_run_help)
     return p

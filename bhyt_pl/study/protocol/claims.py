@@ -32,7 +32,14 @@ from typing import TypedDict, Unpack
 
 from bhyt_pl.study.protocol import stats
 from bhyt_pl.study.protocol.design import StudyDesign, StudyRuns
-from bhyt_pl.study.protocol.metrics import END, PHASE_NAMES, PHASES, metric, phase_value, snapshots, value
+from bhyt_pl.study.protocol.metrics import (
+    END,
+    PHASE_NAMES,
+    PHASES,
+    metric,
+    paired_over_training,
+    phase_value,
+)
 from bhyt_pl.study.protocol.spec import RunResult
 
 __all__ = [
@@ -433,18 +440,9 @@ def _test(spec: ClaimSpec, rate: str, lrs: tuple[float, float], a: list[RunResul
     # claims over training: the same test at every step some finished run of each side recorded, each point with
     # the interval its rule decides by (90 % for a TOST, else 95 %). snapshots() is
     # empty for a diverged or failed run, so such a run only loses its own pair (as at the end), never the points.
-    traj_a = {r.spec.seed_index: snapshots(r) for r in a}
-    traj_b = {r.spec.seed_index: snapshots(r) for r in b}
-    steps = sorted(set().union(*traj_a.values()) & set().union(*traj_b.values()))
     confidence = 0.90 if spec.rule == "equivalent" else 0.95
     by_seed_a, by_seed_b = {r.spec.seed_index: r for r in a}, {r.spec.seed_index: r for r in b}
-    for step in steps:
-        # only the seeds with a snapshot at this step on both sides pair up (value() of no snapshot is the end)
-        seeds = sorted(i for i in set(traj_a) & set(traj_b) if step in traj_a[i] and step in traj_b[i])
-        point_values = stats.paired_differences(
-            {i: value(by_seed_a[i], spec.metric, traj_a[i][step]) for i in seeds},
-            {i: value(by_seed_b[i], spec.metric, traj_b[i][step]) for i in seeds},
-        )
+    for step, point_values in paired_over_training(by_seed_a, by_seed_b, spec.metric):
         iv = stats.interval(point_values)
         pf, pa = stats.rule_p_values(iv, spec.rule, margin)
         shown = stats.interval(point_values, confidence) if confidence != iv.confidence else iv

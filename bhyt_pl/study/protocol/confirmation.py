@@ -10,7 +10,7 @@ from typing import TypedDict
 
 from bhyt_pl.study.protocol import power_plan, stats
 from bhyt_pl.study.protocol.design import rate_key
-from bhyt_pl.study.protocol.metrics import END, metric, phase_value, snapshots, value
+from bhyt_pl.study.protocol.metrics import END, metric, paired_over_training, phase_value
 from bhyt_pl.study.protocol.spec import RunResult
 
 __all__ = [
@@ -209,16 +209,8 @@ def _over_training(
     t: power_plan.PlannedTest, a: Mapping[int, RunResult], b: Mapping[int, RunResult], tokens_per_step: int
 ) -> list[FamilyTestAtStep]:
     """The test at every step both sides recorded, on the seeds with a snapshot there on both sides."""
-    traj_a = {i: snapshots(r) for i, r in a.items()}
-    traj_b = {i: snapshots(r) for i, r in b.items()}
-    steps = sorted(set().union(*traj_a.values(), set()) & set().union(*traj_b.values(), set()))
     points: list[FamilyTestAtStep] = []
-    for step in steps:
-        seeds = sorted(i for i in set(traj_a) & set(traj_b) if step in traj_a[i] and step in traj_b[i])
-        values = stats.paired_differences(
-            {i: value(a[i], t.statistic, traj_a[i][step]) for i in seeds},
-            {i: value(b[i], t.statistic, traj_b[i][step]) for i in seeds},
-        )
+    for step, values in paired_over_training(a, b, t.statistic):
         iv = stats.interval(values)
         points.append(
             {

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from bhyt_pl.callbacks.layer_stats import LayerStatistic, Summary, layer_profile, statistics
 from bhyt_pl.study.protocol.spec import RunResult, RunStatus, TrajectoryPoint
+from bhyt_pl.study.protocol.stats import paired_differences
 
 __all__ = [
     "END",
@@ -36,6 +37,7 @@ __all__ = [
     "final_snapshot",
     "metric",
     "metrics",
+    "paired_over_training",
     "phase_value",
     "snapshots",
     "trajectory_point",
@@ -170,3 +172,27 @@ def phase_value(r: RunResult, name: str, phase: str = END) -> float:
     start = snapshots(r).get(0)
     init = math.nan if start is None else value(r, name, start)
     return init if phase == "init" else value(r, name) - init
+
+
+def paired_over_training(
+    a: Mapping[int, RunResult], b: Mapping[int, RunResult], name: str
+) -> list[tuple[int, list[float]]]:
+    """``(step, per-seed differences a - b of metric name)`` at every step some run of each side recorded, paired on
+    the seeds with a snapshot at that step on both sides (``a`` and ``b``: runs by seed index). ``snapshots`` is
+    empty for a diverged or failed run, so such a run loses only its own pair, never the step."""
+    traj_a = {i: snapshots(r) for i, r in a.items()}
+    traj_b = {i: snapshots(r) for i, r in b.items()}
+    steps = sorted(set().union(*traj_a.values()) & set().union(*traj_b.values()))
+    out = []
+    for step in steps:
+        seeds = sorted(i for i in set(traj_a) & set(traj_b) if step in traj_a[i] and step in traj_b[i])
+        out.append(
+            (
+                step,
+                paired_differences(
+                    {i: value(a[i], name, traj_a[i][step]) for i in seeds},
+                    {i: value(b[i], name, traj_b[i][step]) for i in seeds},
+                ),
+            )
+        )
+    return out

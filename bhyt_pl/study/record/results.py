@@ -61,7 +61,7 @@ class StudyRecord:
     @property
     def sweep(self) -> bool:
         """An exploration without a design: the stability sweep."""
-        return self.design is None
+        return self.kind == "exploration" and self.design is None
 
     def to_dict(self, sections: Mapping[str, object] | None = None) -> dict[str, object]:
         """The JSON document (module docstring); ``sections`` are the kind's evaluated sections, placed before
