@@ -53,8 +53,8 @@ def report_from(folder: Path, figures: bool = True) -> dict[str, Path]:
 
 
 def _load_builtin_kinds() -> None:
-    """The exploration and the confirmation register themselves when imported."""
-    from bhyt_pl.study.cli import confirmation, exploration  # noqa: F401
+    """The exploration, the confirmation and the token-budget map register themselves when imported."""
+    from bhyt_pl.study.cli import confirmation, exploration, token_budget  # noqa: F401
 
 
 def main(argv: Sequence[str] | None = None) -> int:

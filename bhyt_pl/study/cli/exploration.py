@@ -43,17 +43,24 @@ from bhyt_pl.study.cli import estimate
 from bhyt_pl.study.cli.arguments import StudyArgumentParser
 from bhyt_pl.study.cli.config_file import expand_config_files
 from bhyt_pl.study.cli.kinds import OnResult, PreparedStudy, StudyKind, register_kind, study_parser
+from bhyt_pl.study.cli.run_arguments import (
+    add_data_arguments,
+    add_hardware_arguments,
+    add_schedule_arguments,
+    study_data,
+    trainer_settings,
+)
 from bhyt_pl.study.cli.setup import Budget, StudyOptions, StudySetup
 from bhyt_pl.study.launch.execution import run_all, run_depth_study
 from bhyt_pl.study.launch.scheduler import Scheduler
 from bhyt_pl.study.protocol.claims import evaluate
 from bhyt_pl.study.protocol.design import SchemeGroup, StudyRuns, check_disjoint, parse_group, rate_key
 from bhyt_pl.study.protocol.plan import sweep_specs
-from bhyt_pl.study.protocol.spec import RunResult, RunSpec, TrainerSettings
+from bhyt_pl.study.protocol.spec import RunResult, RunSpec
 from bhyt_pl.study.record.results import StudyRecord
 from bhyt_pl.study.record.setup import RecordedSetup
 from bhyt_pl.study.report import exploration as report
-from bhyt_pl.study.run.data import Batch, StudyData, unigram_entropy
+from bhyt_pl.study.run.data import Batch, unigram_entropy
 from bhyt_pl.validation import raise_if_problems
 
 __all__ = [
@@ -198,25 +205,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         + ")",
     )
     model.add_argument("--depths", type=int, nargs="+", default=None, help=f"sweep depths; default {SWEEP.depths}")
-    model.add_argument(
-        "--warmup-ratio",
-        type=float,
-        default=None,
-        help="linear warmup fraction of the steps; default the scheme's recipe (nGPT: none), else 0.05",
-    )
-    model.add_argument(
-        "--weight-decay",
-        type=float,
-        default=None,
-        help="AdamW weight decay (matrices only); default the scheme's recipe (nGPT: 0), else 0.1",
-    )
-    model.add_argument("--grad-clip", type=float, default=1.0, help="gradient norm clip")
-    model.add_argument(
-        "--max-loss",
-        type=float,
-        default=None,
-        help="divergence bound on the training loss (NaN/inf always diverges); default 1.5 * ln(vocab_size)",
-    )
+    add_schedule_arguments(model)
     model.add_argument(
         "--trajectory-every",
         type=int,
@@ -224,44 +213,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"depth statistics every N steps (0: init and end only); default {FULL.trajectory_every}",
     )
     model.add_argument("--no-importance", action="store_true", help="skip the layer-importance measurement")
-    data = p.add_argument_group("data (C4DataModule)")
-    data.add_argument(
-        "--data-files",
-        default="embedded",
-        help="C4-format shards: 'embedded' (bundled corpus), a directory or glob; 'none' streams --data-path",
-    )
-    data.add_argument("--data-path", default="allenai/c4", help="Hub dataset when --data-files none")
-    data.add_argument("--tokenizer", default="embedded", help="'embedded', a tokenizer.json path or a Hub name")
-    data.add_argument("--seq-len", type=int, default=None, help=f"training sequence length; default {FULL.seq_len}")
-    data.add_argument("--batch-size", type=int, default=None, help=f"sequences per step; default {FULL.batch_size}")
-    data.add_argument(
-        "--val-batches",
-        type=int,
-        default=None,
-        help=f"fixed validation batches: validation loss and depth statistics (at least 4); default {FULL.val_batches}",
-    )
-    data.add_argument("--shuffle-buffer", type=int, default=1000, help="documents in the streaming shuffle buffer")
-    data.add_argument("--num-workers", type=int, default=0, help="DataLoader workers")
-    hw = p.add_argument_group("hardware (L.Trainer)")
-    hw.add_argument("--accelerator", default="cpu", help="cpu, gpu, auto, ...")
-    hw.add_argument("--devices", default="1", help="devices per run; more than 1: launch with torchrun")
-    hw.add_argument("--precision", default="32-true", help="32-true, bf16-mixed, ...")
-    hw.add_argument(
-        "--workers",
-        type=int,
-        default=None,
-        help="runs in parallel on this machine (--launcher pool), one process each: on CPU one torch thread each, "
-        "default the CPUs this process may use; with a GPU accelerator one GPU each, default the visible GPUs; "
-        "1: runs one after another in this process",
-    )
-    hw.add_argument(
-        "--compile",
-        action=argparse.BooleanOptionalAction,
-        default=COMPILE_DEFAULT,
-        help="torch.compile each block of every run; --no-compile: eager (docs/performance.md, "
-        "'Study run': speed-up and how far the losses may differ)",
-    )
-    hw.add_argument("--progress-bar", action="store_true", help="show Lightning's progress bar")
+    add_data_arguments(p, FULL.seq_len, FULL.batch_size, FULL.val_batches)
+    add_hardware_arguments(p, compile_default=COMPILE_DEFAULT)
     estimate.add_arguments(p)
     for flag in REMOVED_FLAGS:
         p.add_argument(flag, action=_Removed, help=argparse.SUPPRESS)
@@ -382,8 +335,6 @@ def _setup(args: argparse.Namespace, argv: Sequence[str]) -> StudySetup:
         if role not in DEFAULT_ROLES or group not in labels:
             raise ValueError(f"--roles {item!r}: ROLE must be one of {sorted(DEFAULT_ROLES)} and GROUP one of {labels}")
         roles[role] = group
-    devices: int | str = int(args.devices) if str(args.devices).isdigit() else args.devices
-    data_files = None if str(args.data_files).lower() == "none" else args.data_files
     return StudySetup(
         argv=tuple(argv),
         options=StudyOptions(
@@ -406,18 +357,8 @@ def _setup(args: argparse.Namespace, argv: Sequence[str]) -> StudySetup:
         groups=groups,
         roles=roles,
         base=_base_spec(args, budget, overrides),
-        data=StudyData(
-            data_files,
-            args.data_path,
-            args.tokenizer,
-            budget.seq_len,
-            budget.batch_size,
-            args.num_workers,
-            args.shuffle_buffer,
-        ),  # fmt: skip
-        settings=TrainerSettings(
-            args.accelerator, devices, args.precision, progress_bar=args.progress_bar, compile=args.compile
-        ),
+        data=study_data(args, budget.seq_len, budget.batch_size),
+        settings=trainer_settings(args),
     )
 
 

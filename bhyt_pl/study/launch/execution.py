@@ -3,6 +3,8 @@ collect the results, whichever launcher trains them.
 
 - ``run_depth_study``: protocol v3 (``bhyt_pl.study.protocol.plan``), which plans as it goes: a group's grid extension
   once its selection runs are in, its evaluation seeds once it is selected, the matched arm once every group is;
+- ``run_token_budget``: the token-budget map (``bhyt_pl.study.protocol.token_budget``): protocol v3's selection on
+  every selected budget, each group's evaluation seeds on a budget as soon as its rate there is chosen;
 - ``run_all``: a fixed list of runs (the stability sweep; the confirmation's run list).
 
 Both hand every run to the scheduler through ``submit``, which first gives a run folder made before run labels
@@ -22,8 +24,9 @@ from bhyt_pl.study.launch.scheduler import Scheduler
 from bhyt_pl.study.protocol.design import StudyDesign, check_disjoint
 from bhyt_pl.study.protocol.plan import default_matched_lrs, evaluation_specs, select, selection_specs
 from bhyt_pl.study.protocol.spec import RunResult, RunSpec, legacy_label, run_dirname
+from bhyt_pl.study.protocol.token_budget import BudgetDesign, budget_base
 
-__all__ = ["adopt_legacy_run", "run_all", "run_depth_study", "submit"]
+__all__ = ["adopt_legacy_run", "run_all", "run_depth_study", "run_token_budget", "submit"]
 
 log = logging.getLogger(__name__)
 
@@ -143,4 +146,57 @@ def run_depth_study(
     return sorted(
         by_label.values(),
         key=lambda r: (group_order[r.spec.group], r.spec.seed_index, r.spec.candidate, r.spec.lr),
+    )
+
+
+def run_token_budget(
+    design: BudgetDesign, base: RunSpec, scheduler: Scheduler, on_result: Callable[[RunResult], None] = _ignore
+) -> list[RunResult]:
+    """The token-budget map: on every budget that selects (``design.selected_budgets``), each group's selection runs
+    on the selection seed over its own grid (``plan.select``, with its extensions); as soon as a group's rate on a
+    budget is chosen, its evaluation seeds there at that rate, and on every budget that inherits from it at the same
+    rate. Selection runs are handed over from the largest budget down, so the longest runs start first.
+    ``design.selections`` is filled in place, so a report written meanwhile sees what is chosen so far."""
+    by_steps = {b.steps: b for b in design.budgets}
+    heirs = [b for b in design.budgets if b not in design.selected_budgets]
+    pending: dict[tuple[str, str], set[str]] = {}
+    selection_runs: dict[tuple[str, str], list[RunResult]] = {}
+    by_label: dict[str, RunResult] = {}
+    for budget in reversed(design.selected_budgets):
+        budget_spec = budget_base(base, budget)
+        for g in design.groups:
+            specs = selection_specs(g, design.grids[g.label], budget_spec)
+            pending[(budget.label, g.label)] = {s.label for s in submit(scheduler, specs)}
+            selection_runs[(budget.label, g.label)] = []
+    for result in scheduler.finished():
+        by_label[result.spec.label] = result
+        on_result(result)
+        budget = by_steps.get(result.spec.steps)
+        key = (budget.label if budget is not None else "", result.spec.group)
+        if budget is None or result.spec.label not in pending.get(key, ()):
+            continue
+        selection_runs[key].append(result)
+        pending[key].discard(result.spec.label)
+        if pending[key]:
+            continue
+        group, budget_spec = design.group(result.spec.group), budget_base(base, budget)
+        step = select(group, selection_runs[key], design.grids[group.label], design.extensions, budget_spec)
+        if isinstance(step, RunSpec):  # the best rate sits at an edge: one more grid step
+            pending[key] = {s.label for s in submit(scheduler, [step])}
+            continue
+        design.selections.setdefault(budget.label, {})[group.label] = step
+        takers = [budget] + (heirs if budget == design.selected_budgets[-1] else [])
+        for taker in takers:
+            submit(scheduler, evaluation_specs(group, step, (), design.n_seeds, budget_base(base, taker)))
+    budget_order = {b.steps: i for i, b in enumerate(design.budgets)}
+    group_order = {g.label: i for i, g in enumerate(design.groups)}
+    return sorted(
+        by_label.values(),
+        key=lambda r: (
+            budget_order.get(r.spec.steps, len(budget_order)),
+            group_order.get(r.spec.group, len(group_order)),
+            r.spec.seed_index,
+            r.spec.candidate,
+            r.spec.lr,
+        ),
     )

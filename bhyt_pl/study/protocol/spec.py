@@ -163,7 +163,8 @@ class TrainerSettings:
 
 @dataclass
 class RunResult:
-    """What one run produced; NaN where not measured.
+    """What one run produced; NaN where not measured. ``val_batch_losses``: the validation loss of each fixed batch
+    (empty in a record written before it was measured).
 
     Its size (``bhyt_pl.study.protocol.size``; 0, NaN or None in a record written before it was measured):
     ``block_params`` (P, the blocks' weight matrices), ``embedding_params`` and ``total_params`` (every parameter of
@@ -183,6 +184,7 @@ class RunResult:
     train_loss: float = math.nan
     val_loss: float = math.nan
     val_perplexity: float = math.nan
+    val_batch_losses: list[float] = field(default_factory=list)
     tokens: int = 0
     block_params: int = 0
     embedding_params: int = 0

@@ -8,7 +8,7 @@ and its ``schema_version``, then holds:
 - ``meta``: how it ran (command, budget, machine, timing, the invocations that filled it); shown at the top of
   its report;
 - the kind's payload: the exploration's ``design`` (None for a stability sweep), the confirmation's frozen
-  ``plan``;
+  ``plan``, the token-budget map's ``budgets``;
 - the kind's evaluated sections as they stood when it was written (claims, verdicts: a reader's copy; loading
   evaluates them again from the runs);
 - ``runs``: every run (each ``RunResult`` as a dict).
@@ -29,6 +29,7 @@ from bhyt_pl.strict_json import loads, write
 from bhyt_pl.study.protocol.design import StudyDesign, StudyRuns
 from bhyt_pl.study.protocol.power_plan import Plan
 from bhyt_pl.study.protocol.spec import RunResult
+from bhyt_pl.study.protocol.token_budget import BudgetDesign
 from bhyt_pl.study.record.setup import RecordedSetup
 from bhyt_pl.study.record.upgrade import SCHEMA_VERSION, upgrade
 
@@ -49,6 +50,7 @@ class StudyRecord:
             could not be rebuilt).
         design: the exploration's design; None for a stability sweep and other kinds.
         plan: the confirmation's frozen plan; None for other kinds.
+        budgets: the token-budget map's design; None for other kinds.
     """
 
     kind: str
@@ -57,6 +59,7 @@ class StudyRecord:
     setup: RecordedSetup | None = None
     design: StudyDesign | None = None
     plan: Plan | None = None
+    budgets: BudgetDesign | None = None
 
     @property
     def sweep(self) -> bool:
@@ -76,6 +79,8 @@ class StudyRecord:
             document["design"] = self.design.to_dict()
         if self.plan is not None:
             document["plan"] = self.plan.to_dict()
+        if self.budgets is not None:
+            document["budgets"] = self.budgets.to_dict()
         document.update(sections or {})
         document["runs"] = [r.to_dict() for r in self.runs]
         return document
@@ -96,7 +101,8 @@ class StudyRecord:
         setup = RecordedSetup.from_dict(data["setup"]) if data.get("setup") else None
         design = StudyDesign.from_dict(data["design"], StudyRuns(runs)) if "design" in data else None
         plan = Plan.from_dict(data["plan"]) if "plan" in data else None
-        return cls(str(data["kind"]), dict(data["meta"]), runs, setup, design, plan)
+        budgets = BudgetDesign.from_dict(data["budgets"], runs) if "budgets" in data else None
+        return cls(str(data["kind"]), dict(data["meta"]), runs, setup, design, plan, budgets)
 
 
 def results_path(path: str | Path) -> Path:

@@ -29,6 +29,7 @@ from bhyt_pl.module import LlamaLM
 from bhyt_pl.study.protocol.spec import StabilityStep, StabilitySummary, VarianceBound
 
 __all__ = [
+    "batch_losses",
     "depth_statistics",
     "layer_importance",
     "stability_summary",
@@ -70,6 +71,27 @@ def depth_statistics(
                     count += int((labels != -100).sum())
         out = collector.compute()
         out["val_loss"] = total / count if count else math.nan
+        return out
+    finally:
+        model.train(was_training)
+
+
+@torch.no_grad()
+@torch.compiler.set_stance("force_eager")  # a few forwards: not worth an inference graph
+def batch_losses(module: LlamaLM, batches: Sequence[dict[str, torch.Tensor]]) -> list[float]:
+    """The next-token cross-entropy of each batch (its tokens' mean, in eval mode): the validation loss's spread over
+    its batches says how much of a difference between two runs the validation tokens themselves carry."""
+    model = module.model
+    was_training = model.training
+    model.eval()
+    try:
+        device = next(model.parameters()).device
+        out = []
+        for batch in batches:
+            logits = model(batch["input_ids"].to(device))
+            labels = batch["labels"].to(device)
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
+            out.append(float(loss))
         return out
     finally:
         model.train(was_training)

@@ -7,7 +7,8 @@ runs follow one another in one process. What a run measures:
 
 - ``train_loss``: the mean training loss over the last ``tail`` optimizer steps (a single step is noisy);
 - ``val_loss`` / ``val_perplexity``: ``trainer.validate`` on a fixed list of validation batches, the same
-  for every run (token-weighted mean, ``LlamaLM.validation_step``);
+  for every run (token-weighted mean, ``LlamaLM.validation_step``), and each batch's own loss
+  (``val_batch_losses``: how much of a difference between runs the validation tokens carry);
 - its size: the parameter counts of its built model (P, the embedding, everything), tokens per parameter and, on
   the embedded corpus, unique tokens and epochs (``bhyt_pl.study.protocol.size``);
 - ``tokens_per_sec``: training tokens / wall time of the training loop (model build, depth statistics
@@ -54,7 +55,13 @@ from bhyt_pl.study.protocol.metrics import trajectory_point
 from bhyt_pl.study.protocol.size import epochs, unique_tokens
 from bhyt_pl.study.protocol.spec import RunResult, RunSpec, RunStatus, TrainerSettings, run_dirname
 from bhyt_pl.study.run.callbacks import DivergenceMonitor, MemoryLogger, TrajectoryRecorder
-from bhyt_pl.study.run.measure import depth_statistics, layer_importance, stability_summary, variance_bound
+from bhyt_pl.study.run.measure import (
+    batch_losses,
+    depth_statistics,
+    layer_importance,
+    stability_summary,
+    variance_bound,
+)
 from bhyt_pl.study.run.preemption import RunCheckpointOnPreemption, saved_run_state
 
 __all__ = [
@@ -227,6 +234,7 @@ def run_one(
                 metrics = validator.validate(module, dataloaders=loader, verbose=False)[0]
             result.val_loss = float(metrics["val/loss"])
             result.val_perplexity = float(metrics["val/perplexity"])
+            result.val_batch_losses = batch_losses(module, val_batches)
             if spec.importance:
                 # the depth-statistics batch only: every block costs one forward of it (32 blocks ~ 11 steps)
                 result.importance_base_loss, result.importance = layer_importance(module, val_batches[:1])
