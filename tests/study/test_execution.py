@@ -14,13 +14,14 @@ from pathlib import Path
 import pytest
 from study_fixtures import BASE, fake_result
 
-from bhyt_pl.study.launch.execution import adopt_legacy_run, run_all, run_depth_study
+from bhyt_pl.study.launch.execution import adopt_legacy_run, run_all, run_depth_study, run_token_budget
 from bhyt_pl.study.launch.inline import InlineLauncher
 from bhyt_pl.study.launch.scheduler import Scheduler
 from bhyt_pl.study.protocol.claims import evaluate
 from bhyt_pl.study.protocol.design import StudyDesign, parse_group
 from bhyt_pl.study.protocol.plan import SELECTION_SEED, default_matched_lrs, evaluation_specs
 from bhyt_pl.study.protocol.spec import RunResult, RunSpec, legacy_label, run_dirname
+from bhyt_pl.study.protocol.token_budget import BudgetDesign, TokenBudget
 
 GRID = (1e-3, 3e-3, 1e-2)
 
@@ -231,3 +232,40 @@ def test_run_all_trains_a_fixed_list_once_and_returns_it_in_order(tmp_path: Path
     again: list[str] = []
     scheduler = Scheduler(InlineLauncher(fake_runner(v_loss(1e-2), tmp_path, again)), tmp_path, resume=True)
     assert [r.val_loss for r in run_all(specs, scheduler)] == [r.val_loss for r in results] and again == []
+
+
+# ----------------------------------------------------------------------------- the token-budget map
+def test_the_token_budget_map_selects_per_budget_and_an_heir_takes_its_donor_s_rate(tmp_path: Path) -> None:
+    """Budgets of 20, 60 and 180 steps; the best rate moves with the budget (a loss lowest at 1e-2 / (steps / 20)):
+    1e-2 at 20 steps, 3.33e-3 nearest 3e-3 at 60; the 180-step budget selects nothing (select_through 2) and
+    inherits the 60-step rate. Selection runs train on the selection seed only, evaluation runs on seeds 1..2."""
+    budgets = (TokenBudget(0.01, 20, 10), TokenBudget(0.03, 60, 10), TokenBudget(0.09, 180, 10))
+    groups = (parse_group("rmsnorm"), parse_group("dyt:alpha_attn=0.5"))
+    grids = {"rmsnorm": GRID, "dyt:alpha_attn=0.5": (1e-4, 3e-4, 1e-3)}
+    design = BudgetDesign(groups, "rmsnorm", budgets, grids, n_seeds=2, extensions=1, select_through=2)
+
+    def loss(spec: RunSpec) -> float:
+        return v_loss(1e-2 / (spec.steps / 20))(spec)
+
+    trained: list[str] = []
+    scheduler = Scheduler(InlineLauncher(fake_runner(loss, tmp_path, trained)), tmp_path, resume=True)
+    results = run_token_budget(design, BASE, scheduler)
+    assert [b.label for b in budgets if b.label in design.selections] == ["0.01", "0.03"]
+    assert design.selections["0.01"]["rmsnorm"].lr == 1e-2
+    assert design.selections["0.03"]["rmsnorm"].lr == 3e-3
+    # dyt's grid tops out at 1e-3: at the edge it extends once, by the grid's top ratio 1e-3 / 3e-4, to 3.33e-3,
+    # and is still flagged at 20 steps
+    assert design.selections["0.01"]["dyt:alpha_attn=0.5"].lr == 3.33333e-3
+    assert design.selections["0.01"]["dyt:alpha_attn=0.5"].edge == "highest"
+    heir = design.evaluation_runs(results, budgets[2], "rmsnorm")
+    assert sorted(heir) == [1, 2] and {r.spec.lr for r in heir.values()} == {3e-3}
+    assert {r.spec.steps for r in heir.values()} == {180} and {r.spec.trajectory_every for r in heir.values()} == {10}
+    assert not [r for r in results if r.spec.steps == 180 and r.spec.seed_index == SELECTION_SEED]
+    assert {r.spec.seed for r in results if r.spec.seed_index == SELECTION_SEED} == {42}
+    # results come back by budget, then group, then seed
+    order = [(r.spec.steps, r.spec.group) for r in results]
+    assert order == sorted(order, key=lambda k: ([20, 60, 180].index(k[0]), [g.label for g in groups].index(k[1])))
+    # 2 groups x 3 rates on two budgets; 3 extensions (rmsnorm at 20 steps tries 3.33e-2 and keeps 1e-2; dyt at 20
+    # and at 60 steps, where its best 3.33e-3 lies past its grid); 2 groups x 2 seeds x 3 budgets
+    assert len(trained) == 12 + 3 + 12
+    assert "rmsnorm@lr0.0333333-steps20-s0" in trained and "dyt:alpha_attn=0.5@lr0.00333333-steps60-s0" in trained
