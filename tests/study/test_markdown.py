@@ -9,7 +9,16 @@ import math
 import pytest
 
 from bhyt_pl.study.protocol import stats
-from bhyt_pl.study.report.markdown import Column, ci, geometric_ci, markdown_table, num, short_ci, table
+from bhyt_pl.study.report.markdown import (
+    Column,
+    ci,
+    geometric_ci,
+    markdown_table,
+    num,
+    short_ci,
+    signed_ci,
+    table,
+)
 
 
 def test_a_table_is_its_columns_over_its_rows() -> None:
@@ -48,6 +57,15 @@ def test_intervals() -> None:
     iv = stats.interval([1.0, 2.0, 4.0])  # mean 7/3, half-width 4.3027 * sqrt(7/3) / sqrt(3) = 3.7946
     assert ci(iv) == "2.333 [-1.461, 6.128] (1-4)"
     assert short_ci(iv) == "2.333 [-1.461, 6.128]" and short_ci(stats.interval([])) == "n/a"
+
+
+def test_signed_intervals_carry_their_signs_and_three_decimals() -> None:
+    iv = stats.interval([1.0, 2.0, 4.0])  # as above: 2.333 [-1.461, 6.128]
+    assert signed_ci(iv) == "+2.333 [-1.461, +6.128]"
+    assert signed_ci(stats.interval([-0.0573])) == "-0.057 (n=1)" and signed_ci(stats.interval([])) == "n/a"
+    # a value that rounds to zero reads +0.000 whatever its sign: two pairs -1e-7 and +1e-7 (half-width ~1e-6)
+    assert signed_ci(stats.interval([-1e-7, 1e-7])) == "+0.000 [+0.000, +0.000]"
+    assert signed_ci(stats.interval([-2e-7, -1e-7])) == "+0.000 [+0.000, +0.000]"
 
 
 def test_geometric_intervals_are_back_transformed_and_positive() -> None:

@@ -14,11 +14,23 @@ from study_fixtures import BASE, fake_result
 from bhyt_pl.callbacks.layer_stats import statistics
 from bhyt_pl.study.protocol import stats
 from bhyt_pl.study.protocol.metrics import (
+    GROWS,
+    MADE_BY_TRAINING,
+    NOT_RESOLVED,
+    ORIGINS,
     PHASES,
+    PRESENT_AT_INIT,
+    PRESENT_AT_INIT_ONLY,
+    REVERSED,
+    SHRINKS,
+    TOO_FEW_PAIRS,
     VAL_LOSS,
+    effect_origin,
     final_snapshot,
     metric,
     metrics,
+    paired_at_phase,
+    phase_differences,
     phase_value,
     snapshots,
     value,
@@ -103,6 +115,47 @@ def test_the_three_phases_paired_per_seed_by_hand() -> None:
     assert PHASES == ("init", "end", "training")
     assert phase_value(target[2], "magnitude", "end") == value(target[2], "magnitude") == pytest.approx(1.5)
     assert phase_value(target[2], "magnitude", "training") == pytest.approx(1.1)
+    # the same pairs through paired_at_phase, and all three at once through phase_differences
+    assert paired_at_phase(target, baseline, "magnitude", "training") == [pytest.approx(-1.1), pytest.approx(-1.0)]
+    phases = phase_differences(target, baseline, "magnitude")
+    for phase, (mean, se) in expected.items():
+        iv = phases.at(phase)
+        assert (iv.n, iv.mean, iv.high) == (2, pytest.approx(mean), pytest.approx(mean + t_975_1 * se))
+    # step 0's interval 0.2 +- 1.27 holds 0, the made-by-training one -1.05 +- 0.64 does not
+    assert phases.origin == MADE_BY_TRAINING
+    # a seed missing on one side loses only its pair
+    assert paired_at_phase({1: target[1]}, baseline, "magnitude", "init") == [pytest.approx(0.1)]
+    with pytest.raises(ValueError, match=r"phase must be one of \('init', 'end', 'training'\), got 'start'"):
+        phases.at("start")
+
+
+def _iv(low: float, high: float, n: int = 5) -> stats.Interval:
+    """An interval by its bounds (the mean midway): ``effect_origin`` reads only the bounds and ``n``."""
+    return stats.Interval(n, (low + high) / 2, low, high, low, high)
+
+
+@pytest.mark.parametrize(
+    ("init", "end", "training", "reading"),
+    [
+        # step 0 decisive, training not: the end cannot be told apart from the start (the confirmation's test 1)
+        (_iv(-1.88, -1.85), _iv(-2.06, -1.56), _iv(-0.19, 0.31), PRESENT_AT_INIT),
+        (_iv(-1.88, -1.85), _iv(-3.1, 0.4), _iv(-1.3, 1.8), PRESENT_AT_INIT_ONLY),  # ... and the end holds 0
+        (_iv(-0.15, 0.01), _iv(-1.66, -0.93), _iv(-1.51, -0.94), MADE_BY_TRAINING),  # step 0 holds 0
+        (_iv(-0.09, -0.07), _iv(-1.33, -1.12), _iv(-1.26, -1.04), GROWS),  # both below 0 (test 4)
+        (_iv(0.1, 0.3), _iv(1.2, 1.5), _iv(1.0, 1.3), GROWS),  # both above 0
+        (_iv(-5.23, -5.2), _iv(-1.97, -1.14), _iv(3.26, 4.07), SHRINKS),  # opposite sides, the end still below (3)
+        (_iv(-0.52, -0.24), _iv(-0.43, 0.41), _iv(0.003, 0.73), SHRINKS),  # ... the end holding 0
+        (_iv(0.58, 0.68), _iv(-2.62, -0.58), _iv(-3.2, -1.26), REVERSED),  # the end on the other side of 0
+        (_iv(-0.01, 0.01), _iv(-0.6, 1.1), _iv(-0.6, 1.1), NOT_RESOLVED),
+        (_iv(-1.0, -0.5, n=1), _iv(-1.0, 1.0), _iv(-1.0, 1.0), TOO_FEW_PAIRS),
+        (_iv(-1.0, -0.5), _iv(-1.0, 1.0), stats.interval([0.3]), TOO_FEW_PAIRS),  # one pair: NaN bounds
+    ],
+)
+def test_where_an_end_effect_comes_from(
+    init: stats.Interval, end: stats.Interval, training: stats.Interval, reading: str
+) -> None:
+    assert effect_origin(init, end, training) == reading
+    assert reading in ORIGINS
 
 
 def test_phases_of_the_loss_and_of_runs_without_a_start() -> None:

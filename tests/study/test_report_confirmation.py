@@ -153,6 +153,24 @@ def test_the_report_holds_every_section_and_writes_no_record(tmp_path: Path) -> 
         "no claim is decided by them" in text and "seed indices 4..8, above every index the pilot used (0..3)" in text
     )
     assert "| BHyT < LNS: median_magnitude | lower | 0.003 | infeasible | the pilot's 80% interval" in text
+    # every depth test at its three phases, numbered as the family; no test declared a phase but the end
+    assert "### At initialisation, at the end, made by training" in text
+    assert "No test here declared a phase other than the end before these runs" in text
+    phases = text.split("### At initialisation, at the end, made by training", 1)[1].split("## ", 1)[0]
+    rows = [line for line in phases.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert len(rows) == len(plan.primary) and rows[0].startswith(f"| 1 | {plan.primary[0].name} |")
+
+
+def test_the_phases_note_follows_the_plans_declarations(tmp_path: Path) -> None:
+    pilot = confirm.load_pilot(write_pilot(tmp_path / "pilot"))
+    plan = confirm.make_confirmation_plan(pilot, pilot.rate(), 12)
+    runs = [layer_run(s, 0.5 if s.group == "bhyt" else 2.0) for s in confirm.confirmation_specs(plan, pilot)]
+    first = plan.primary[0]
+    declared = replace(plan, tests=tuple(replace(t, phase="training") if t is first else t for t in plan.tests))
+    text = write_report(tmp_path / "out", StudyRecord(KIND, {"command": "c"}, runs, plan=declared), figures=False)
+    text = text["report"].read_text()
+    assert "No test here declared a phase" not in text
+    assert "Each test's verdict reads the phase it declared before these runs" in text
 
 
 def test_docs_method_md_declares_the_family_the_code_builds_from_the_committed_pilot() -> None:

@@ -125,6 +125,10 @@ def test_a_records_report_has_every_section_and_its_saved_record_holds_the_claim
     ]
     assert "Roles of the claims: BHyT = a, RMSNorm = b." in text
     assert "- a: at lr 0.003 the last layer's magnitude is" in text  # the growth prose, per group
+    # the depth claims at their three phases, under the claims; none declared a phase but the end
+    subsections = [line for line in text.splitlines() if line.startswith("### ")]
+    assert subsections == ["### At initialisation, at the end, made by training", "### Every test"]
+    assert "No claim here declared a phase other than the end before these runs" in text
     _save(tmp_path, record)
     document = json.loads((tmp_path / "results.json").read_text())
     assert [c["groups"] for c in document["claims"]][:1] == [{"target": "a", "baseline": "b"}]

@@ -36,9 +36,11 @@ from bhyt_pl.study.protocol.metrics import (
     END,
     PHASE_NAMES,
     PHASES,
+    PhaseDifferences,
     metric,
+    paired_at_phase,
     paired_over_training,
-    phase_value,
+    phase_differences,
 )
 from bhyt_pl.study.protocol.spec import RunResult
 
@@ -339,7 +341,9 @@ class ClaimAtStep(TypedDict):
 
 @dataclass
 class Test:
-    """One claim at one rate (best arm: one test; matched arm: one per matched rate)."""
+    """One claim at one rate (best arm: one test; matched arm: one per matched rate). ``phases``: the same pairs'
+    difference at each phase (step 0, the end, made by training; 95 %), whatever phase the claim tests; shown
+    beside the verdicts, never deciding one."""
 
     rate: str
     lrs: tuple[float, float]
@@ -354,6 +358,7 @@ class Test:
     holm_p_against: float = math.nan
     holm_verdict: str = stats.INCONCLUSIVE
     over_training: list[ClaimAtStep] = field(default_factory=list)
+    phases: PhaseDifferences | None = None
 
 
 @dataclass
@@ -420,10 +425,8 @@ class ClaimResult:
 
 def _test(spec: ClaimSpec, rate: str, lrs: tuple[float, float], a: list[RunResult], b: list[RunResult], tps: int):
     margin = spec.margin_value or 0.0
-    values = stats.paired_differences(
-        {r.spec.seed_index: phase_value(r, spec.metric, spec.phase) for r in a},
-        {r.spec.seed_index: phase_value(r, spec.metric, spec.phase) for r in b},
-    )
+    by_seed_a, by_seed_b = {r.spec.seed_index: r for r in a}, {r.spec.seed_index: r for r in b}
+    values = paired_at_phase(by_seed_a, by_seed_b, spec.metric, spec.phase)
     d95, d90 = stats.interval(values), stats.interval(values, confidence=0.90)
     p_for, p_against = stats.rule_p_values(d95, spec.rule, margin)
     test = Test(
@@ -436,12 +439,12 @@ def _test(spec: ClaimSpec, rate: str, lrs: tuple[float, float], a: list[RunResul
         p_for,
         p_against,
         stats.label_from_p(p_for, p_against),
+        phases=phase_differences(by_seed_a, by_seed_b, spec.metric),
     )
     # claims over training: the same test at every step some finished run of each side recorded, each point with
     # the interval its rule decides by (90 % for a TOST, else 95 %). snapshots() is
     # empty for a diverged or failed run, so such a run only loses its own pair (as at the end), never the points.
     confidence = 0.90 if spec.rule == "equivalent" else 0.95
-    by_seed_a, by_seed_b = {r.spec.seed_index: r for r in a}, {r.spec.seed_index: r for r in b}
     for step, point_values in paired_over_training(by_seed_a, by_seed_b, spec.metric):
         iv = stats.interval(point_values)
         pf, pa = stats.rule_p_values(iv, spec.rule, margin)

@@ -10,7 +10,14 @@ from typing import TypedDict
 
 from bhyt_pl.study.protocol import power_plan, stats
 from bhyt_pl.study.protocol.design import rate_key
-from bhyt_pl.study.protocol.metrics import END, metric, paired_over_training, phase_value
+from bhyt_pl.study.protocol.metrics import (
+    END,
+    PhaseDifferences,
+    metric,
+    paired_at_phase,
+    paired_over_training,
+    phase_differences,
+)
 from bhyt_pl.study.protocol.spec import RunResult
 
 __all__ = [
@@ -104,6 +111,8 @@ class FamilyResult:
         verdict: ``confirmed``, ``not confirmed`` or ``untested`` (fewer than 2 pairs).
         over_training: the same test at each trajectory point (uncorrected, descriptive; each point's own value,
             whatever the phase).
+        phases: the same pairs' difference at each phase (step 0, the end, made by training; 95 %), whatever phase
+            the test declared; descriptive beside the verdict, which reads only the declared one.
     """
 
     planned: power_plan.PlannedTest
@@ -115,6 +124,7 @@ class FamilyResult:
     holm_p: float
     verdict: str
     over_training: tuple[FamilyTestAtStep, ...] = ()
+    phases: PhaseDifferences | None = None
 
     @property
     def log(self) -> bool:
@@ -234,10 +244,7 @@ def evaluate(plan: power_plan.Plan, runs: Iterable[RunResult], tokens_per_step: 
     unadjusted = []
     for t in plan.primary:
         a, b = family_runs(plan, runs, t.target), family_runs(plan, runs, t.baseline)
-        values = stats.paired_differences(
-            {i: phase_value(r, t.statistic, t.phase) for i, r in a.items()},
-            {i: phase_value(r, t.statistic, t.phase) for i, r in b.items()},
-        )
+        values = paired_at_phase(a, b, t.statistic, t.phase)
         d95 = stats.interval(values)
         unadjusted.append(
             FamilyResult(
@@ -250,6 +257,7 @@ def evaluate(plan: power_plan.Plan, runs: Iterable[RunResult], tokens_per_step: 
                 holm_p=math.nan,
                 verdict=stats.UNTESTED,
                 over_training=tuple(_over_training(t, a, b, tokens_per_step)),
+                phases=phase_differences(a, b, t.statistic),
             )
         )
     adjusted = stats.holm([t.p for t in unadjusted])

@@ -15,7 +15,9 @@ Every metric is read at one of three *phases* of a run (``PHASES``, ``phase_valu
 metric's own comparison scale: at initialisation (the step-0 snapshot), at the end, and made by training (end minus
 step 0: for a ``log`` metric the ln of the end / step-0 ratio). The validation loss has a step-0 value too (the
 untrained model's loss on the same batches) and is read the same way: its made-by-training value is the loss the
-training removed, negative when training helped.
+training removed, negative when training helped. ``phase_differences`` pairs two groups' runs at all three phases,
+and ``effect_origin`` says in words where an end effect comes from (``ORIGINS``: "present at initialisation", "made
+by training", ...).
 """
 
 from __future__ import annotations
@@ -26,18 +28,31 @@ from dataclasses import dataclass
 
 from bhyt_pl.callbacks.layer_stats import LayerStatistic, Summary, layer_profile, statistics
 from bhyt_pl.study.protocol.spec import RunResult, RunStatus, TrajectoryPoint
-from bhyt_pl.study.protocol.stats import paired_differences
+from bhyt_pl.study.protocol.stats import Interval, interval, paired_differences
 
 __all__ = [
     "END",
+    "GROWS",
+    "MADE_BY_TRAINING",
+    "NOT_RESOLVED",
+    "ORIGINS",
+    "PRESENT_AT_INIT",
+    "PRESENT_AT_INIT_ONLY",
+    "REVERSED",
+    "SHRINKS",
+    "TOO_FEW_PAIRS",
     "PHASES",
     "PHASE_NAMES",
     "VAL_LOSS",
     "Metric",
+    "PhaseDifferences",
+    "effect_origin",
     "final_snapshot",
     "metric",
     "metrics",
+    "paired_at_phase",
     "paired_over_training",
+    "phase_differences",
     "phase_value",
     "snapshots",
     "trajectory_point",
@@ -196,3 +211,99 @@ def paired_over_training(
             )
         )
     return out
+
+
+def paired_at_phase(a: Mapping[int, RunResult], b: Mapping[int, RunResult], name: str, phase: str = END) -> list[float]:
+    """The per-seed differences ``a - b`` of metric ``name`` at ``phase`` (``phase_value``), on the seeds both sides
+    have a finite value for (``a`` and ``b``: runs by seed index); a diverged or failed run loses only its pair."""
+    return paired_differences(
+        {i: phase_value(r, name, phase) for i, r in a.items()},
+        {i: phase_value(r, name, phase) for i, r in b.items()},
+    )
+
+
+@dataclass(frozen=True)
+class PhaseDifferences:
+    """One comparison's paired difference at each phase, each a 95 % t-interval over its own pairs.
+
+    Args:
+        init: at initialisation (step 0).
+        end: at the end.
+        training: made by training (end minus step 0, paired per seed).
+    """
+
+    init: Interval
+    end: Interval
+    training: Interval
+
+    def at(self, phase: str) -> Interval:
+        """The interval at ``phase`` (one of ``PHASES``)."""
+        if phase not in PHASE_NAMES:
+            raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
+        return getattr(self, phase)
+
+    @property
+    def origin(self) -> str:
+        """Where the end effect comes from, in words (``effect_origin``)."""
+        return effect_origin(self.init, self.end, self.training)
+
+
+def phase_differences(a: Mapping[int, RunResult], b: Mapping[int, RunResult], name: str) -> PhaseDifferences:
+    """``a - b`` of metric ``name`` paired per seed at every phase (``paired_at_phase``), with 95 % intervals."""
+    init, end, training = (interval(paired_at_phase(a, b, name, phase)) for phase in PHASES)
+    return PhaseDifferences(init, end, training)
+
+
+PRESENT_AT_INIT = "present at initialisation"
+PRESENT_AT_INIT_ONLY = "present at initialisation, unresolved at the end"
+MADE_BY_TRAINING = "made by training"
+GROWS = "grows with training"
+SHRINKS = "shrinks with training"
+REVERSED = "reversed by training"
+NOT_RESOLVED = "not resolved at step 0 nor by training"
+TOO_FEW_PAIRS = "n/a (fewer than 2 pairs)"
+ORIGINS = (
+    PRESENT_AT_INIT,
+    PRESENT_AT_INIT_ONLY,
+    MADE_BY_TRAINING,
+    GROWS,
+    SHRINKS,
+    REVERSED,
+    NOT_RESOLVED,
+    TOO_FEW_PAIRS,
+)
+"""Every reading ``effect_origin`` gives."""
+
+
+def _sign(iv: Interval) -> int:
+    """+1 or -1 when the interval lies wholly above or below 0, else 0."""
+    return 1 if iv.low > 0 else -1 if iv.high < 0 else 0
+
+
+def effect_origin(init: Interval, end: Interval, training: Interval) -> str:
+    """Where an end effect comes from, from the step-0 interval and the made-by-training one (each 95 %, paired per
+    seed; docs/method.md, section 10, "Three phases"):
+
+    - ``present at initialisation``: step 0's interval excludes 0 and the made-by-training one holds it, so the end
+      effect cannot be told apart from the one the runs started with; ``present at initialisation, unresolved at
+      the end`` when the end's interval holds 0 as well (the runs start apart and end too spread to say);
+    - ``made by training``: step 0's interval holds 0 and the made-by-training one excludes it;
+    - ``grows with training``: both exclude 0 on the same side (training adds to an effect present at step 0);
+    - ``shrinks with training``: both exclude 0 on opposite sides, and the end's interval is not wholly on the far
+      side of 0 from step 0's; ``reversed by training`` when it is;
+    - ``not resolved at step 0 nor by training``: both hold 0;
+    - ``n/a (fewer than 2 pairs)``: step 0's or the made-by-training interval is undefined.
+
+    Each reading is descriptive, one interval against 0 at a time: no adjustment for the number of comparisons."""
+    if not (init.defined and training.defined):
+        return TOO_FEW_PAIRS
+    at_init, by_training = _sign(init), _sign(training)
+    if at_init and not by_training:
+        return PRESENT_AT_INIT if end.defined and _sign(end) else PRESENT_AT_INIT_ONLY
+    if by_training and not at_init:
+        return MADE_BY_TRAINING
+    if not at_init:
+        return NOT_RESOLVED
+    if at_init == by_training:
+        return GROWS
+    return REVERSED if end.defined and _sign(end) == -at_init else SHRINKS

@@ -1,11 +1,12 @@
 """The confirmation's report: ``report.md`` and its figures from a ``StudyRecord`` (``results.json``) alone, so
 ``python -m bhyt_pl study confirm --report-from DIR`` rebuilds them without the pilot or the run folders.
 
-The document: the family's verdicts (one-sided tests on the confirmation's seeds, Holm across the family), the
-paper-level claims (intersection-union tests), the frozen plan, the exploratory rows with their reasons and seed
-counts, the groups at the matched rate, and every test over training (uncorrected and descriptive). Tables sit on
-the test's scale: a test on ln ratios shows the geometric mean of the per-seed ratios with its interval
-back-transformed from the ln scale, and a group's magnitude or variance is a geometric mean (``columns``).
+The document: the family's verdicts (one-sided tests on the confirmation's seeds, Holm across the family), each
+test at step 0, at the end and made by training (``bhyt_pl.study.report.phases``), the paper-level claims
+(intersection-union tests), the frozen plan, the exploratory rows with their reasons and seed counts, the groups at
+the matched rate, and every test over training (uncorrected and descriptive). Tables sit on the test's scale: a test
+on ln ratios shows the geometric mean of the per-seed ratios with its interval back-transformed from the ln scale,
+and a group's magnitude or variance is a geometric mean (``columns``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from bhyt_pl.study.record.results import StudyRecord
 from bhyt_pl.study.report.columns import SeedRuns, matched_columns
 from bhyt_pl.study.report.exploration import meta_lines, partial_lines
 from bhyt_pl.study.report.figures import FigureGroup, depth_profile_figure, save_figure, trajectory_figure
-from bhyt_pl.study.report.markdown import Column, num, table
+from bhyt_pl.study.report.markdown import Column, num, signed_ci, table
+from bhyt_pl.study.report.phases import DESCRIPTION as PHASES_DESCRIPTION
+from bhyt_pl.study.report.phases import phase_columns, phases_note
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -39,6 +42,7 @@ __all__ = [
     "family_figure",
     "family_table",
     "groups_table",
+    "phases_table",
     "plan_table",
     "training_table",
     "write_report",
@@ -85,6 +89,23 @@ def family_table(evaluation: Evaluation) -> str:
         Column("verdict", lambda row: f"**{row[1].verdict}**"),
     ]
     return table(columns, list(enumerate(evaluation.tests, start=1)), empty="(no test is in the family)")
+
+
+def phases_table(evaluation: Evaluation) -> str:
+    """Every primary test at each phase (``bhyt_pl.study.report.phases``), numbered as in ``family_table``: step 0,
+    the end and made by training, on the test's scale, and where the end effect comes from. Depth tests only: the
+    loss's step 0 is the untrained model's."""
+    columns: list[Column[tuple[int, FamilyResult]]] = [
+        Column("#", lambda row: str(row[0])),
+        Column("test", lambda row: row[1].planned.name),
+        Column("d", lambda row: _scale(row[1].planned.statistic)),
+        Column("pairs", lambda row: str(row[1].difference.n)),
+        *phase_columns(lambda row: row[1].phases),
+    ]
+    rows = [
+        (i, t) for i, t in enumerate(evaluation.tests, start=1) if metric(t.planned.statistic).statistic is not None
+    ]
+    return table(columns, rows, empty="(no depth test is in the family)")
 
 
 def claims_table(evaluation: Evaluation, plan: Plan) -> str:
@@ -221,12 +242,19 @@ def _point(t: FamilyResult, p: Mapping[str, float]) -> str:
 
 def training_table(evaluation: Evaluation, alpha: float) -> str:
     """Every primary test at each trajectory point: ``+`` where its one-sided p-value is below ``alpha`` at that
-    point alone, ``.`` where not (uncorrected: a description of how the effect evolves, not a verdict)."""
+    point alone, ``.`` where not (uncorrected: a description of how the effect evolves, not a verdict), with the
+    difference at step 0, the first trained point and the last point, and the one training made (end minus step 0,
+    paired per seed, 95 %)."""
     columns: list[Column[FamilyResult]] = [
         Column("test", lambda t: t.planned.name),
         Column("p < 0.05 at each point, uncorrected (step 0 first)", lambda t: f"`{_letters(t, alpha)}`"),
+        Column("step 0", lambda t: _point(t, t.over_training[0])),
         Column("first trained point", lambda t: _point(t, t.over_training[min(1, len(t.over_training) - 1)])),
         Column("last point", lambda t: _point(t, t.over_training[-1])),
+        Column(
+            "made by training (end - step 0, 95 %)",
+            lambda t: signed_ci(t.phases.training) if t.phases is not None else "-",
+        ),
     ]
     return table(columns, [t for t in evaluation.tests if t.over_training], empty="(no trajectory)")
 
@@ -333,6 +361,15 @@ def write_report(out: Path, record: StudyRecord, figures: bool = True) -> dict[s
         "",
         f"- {confirmed} of {len(evaluation.tests)} primary tests confirmed after Holm's adjustment.",
         "",
+        "### At initialisation, at the end, made by training",
+        "",
+        PHASES_DESCRIPTION + " Numbered as the tests above; the depth tests only (the loss's step 0 is the "
+        "untrained model's).",
+        "",
+        phases_note((t.planned.phase for t in evaluation.tests), "test"),
+        "",
+        phases_table(evaluation),
+        "",
         "## Paper-level claims (intersection-union tests)",
         "",
         'A claim such as "BHyT has the lowest X" holds only if BHyT is below every baseline: its p-value is the '
@@ -378,8 +415,9 @@ def write_report(out: Path, record: StudyRecord, figures: bool = True) -> dict[s
         "## Over training (uncorrected, descriptive)",
         "",
         "Each primary test again at every trajectory point, on the seeds with that point: `+` where its one-sided "
-        f"p-value is below {plan.alpha:g} at that point alone, `.` where not. These points are not adjusted for "
-        "their number or the family's: they show how each effect evolves, and no claim is decided by them.",
+        f"p-value is below {plan.alpha:g} at that point alone, `.` where not. Made by training: the end's difference "
+        "minus step 0's, paired per seed, with its 95 % interval (the phases above). These points are not adjusted "
+        "for their number or the family's: they show how each effect evolves, and no claim is decided by them.",
         "",
         training_table(evaluation, plan.alpha),
         "",

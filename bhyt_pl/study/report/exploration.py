@@ -32,10 +32,13 @@ from bhyt_pl.study.report.figures import (
     trajectory_figure,
 )
 from bhyt_pl.study.report.markdown import markdown_table, num
+from bhyt_pl.study.report.phases import DESCRIPTION as PHASES_DESCRIPTION
+from bhyt_pl.study.report.phases import phases_note
 from bhyt_pl.study.report.tables import (
     GrowthRow,
     approximation_table,
     bound_table,
+    depth_tests,
     design_table,
     detail_table,
     group_table,
@@ -46,6 +49,7 @@ from bhyt_pl.study.report.tables import (
     importance_table,
     lr_table,
     matched_table,
+    phases_table,
     summary_table,
     sweep_table,
     training_table,
@@ -336,6 +340,15 @@ def write_report(out: Path, record: StudyRecord, figures: bool = True) -> dict[s
         missing = sorted({role for c in skipped for role in (c.target, c.baseline) if role not in roles})
         lines += [f"Not tested: {len(skipped)} claims of the table (roles without a group: {', '.join(missing)}).", ""]
     lines += [
+        "### At initialisation, at the end, made by training",
+        "",
+        PHASES_DESCRIPTION + " Depth claims only: the loss claims' step 0 is the untrained model's loss, which no "
+        "claim is about.",
+        "",
+        phases_note((c.spec.phase for c, _ in depth_tests(items)), "claim"),
+        "",
+        phases_table(items),
+        "",
         "### Every test",
         "",
         detail_table(items),
@@ -350,9 +363,10 @@ def write_report(out: Path, record: StudyRecord, figures: bool = True) -> dict[s
         "",
         "Every test again at each trajectory point (validation loss and depth statistics on the same fixed "
         "batches): one letter per point, R reproduced, N not reproduced, . inconclusive (step 0 is the "
-        "initialisation); intervals 95%, 90% for a ~ (TOST) row. These verdicts are uncorrected and descriptive: "
-        "they are not adjusted for the number of points or tests, they show how an effect evolves, and no claim "
-        "is decided by them.",
+        "initialisation); intervals 95%, 90% for a ~ (TOST) row. Made by training: the end's difference minus step "
+        "0's, paired per seed, with its 95% interval (the phases above). These verdicts are uncorrected and "
+        "descriptive: they are not adjusted for the number of points or tests, they show how an effect evolves, and "
+        "no claim is decided by them.",
         "",
         training_table(items),
         "",

@@ -20,7 +20,7 @@ from typing import Generic, TypeVar
 
 from bhyt_pl.study.protocol.stats import GeometricMean, Interval
 
-__all__ = ["Column", "ci", "geometric_ci", "markdown_table", "num", "short_ci", "table"]
+__all__ = ["Column", "ci", "geometric_ci", "markdown_table", "num", "short_ci", "signed_ci", "table"]
 
 Row = TypeVar("Row")
 
@@ -100,3 +100,17 @@ def short_ci(iv: Interval) -> str:
     if not iv.defined:
         return f"{num(iv.mean)} (n={iv.n})" if iv.n else "n/a"
     return f"{num(iv.mean)} [{num(iv.low)}, {num(iv.high)}]"
+
+
+def signed_ci(iv: Interval) -> str:
+    """``+mean [+low, +high]`` with signs and three decimals, for differences whose side of 0 is the point (the
+    phases of a comparison); ``+mean (n=1)`` without an interval, ``n/a`` without values."""
+    if iv.n == 0 or not math.isfinite(iv.mean):
+        return "n/a"
+
+    def signed(x: float) -> str:
+        return f"{round(x, 3) + 0.0:+.3f}"  # + 0.0: a value that rounds to zero reads +0.000, never -0.000
+
+    if not iv.defined:
+        return f"{signed(iv.mean)} (n={iv.n})"
+    return f"{signed(iv.mean)} [{signed(iv.low)}, {signed(iv.high)}]"

@@ -1,7 +1,8 @@
 """The exploration's tables, each a list of ``Column`` entries over its rows (``bhyt_pl.study.report.markdown``):
 the design, the schemes at their best and at the matched rates (per-scheme columns from
 ``bhyt_pl.study.report.columns``), learning-rate sensitivity, layer importance, site B's approximation, depth-wise
-growth, the claims (evaluated in ``bhyt_pl.study.protocol.claims``) and the stability sweep.
+growth, the claims (evaluated in ``bhyt_pl.study.protocol.claims``; their phases through
+``bhyt_pl.study.report.phases``) and the stability sweep.
 
 Seed aggregation and verdicts come from ``bhyt_pl.study.protocol.stats``.
 """
@@ -29,7 +30,8 @@ from bhyt_pl.study.report.columns import (
     seed_column,
     statistic_columns,
 )
-from bhyt_pl.study.report.markdown import Column, ci, markdown_table, num, short_ci, table
+from bhyt_pl.study.report.markdown import Column, ci, markdown_table, num, short_ci, signed_ci, table
+from bhyt_pl.study.report.phases import phase_columns
 
 __all__ = [
     "BOUND_COLUMNS",
@@ -40,6 +42,7 @@ __all__ = [
     "bound_table",
     "claim_name",
     "deciding_interval",
+    "depth_tests",
     "design_table",
     "detail_table",
     "flag",
@@ -52,6 +55,7 @@ __all__ = [
     "importance_table",
     "lr_table",
     "matched_table",
+    "phases_table",
     "summary_table",
     "sweep_table",
     "training_table",
@@ -430,6 +434,30 @@ def detail_table(items: Sequence[ClaimResult]) -> str:
     return table(columns, [(c, t) for c in items for t in c.tests], empty="(no claim)")
 
 
+def depth_tests(items: Sequence[ClaimResult]) -> list[tuple[ClaimResult, Test]]:
+    """Every (claim, rate) test of a depth claim (a per-layer statistic's summary): the ones whose phases the
+    report shows. The loss claims are left out: at step 0 every group's loss is the untrained model's, which no
+    claim is about."""
+    return [(c, t) for c in items if metric(c.spec.metric).statistic is not None for t in c.tests]
+
+
+def _scale(c: ClaimResult) -> str:
+    return "ln ratio" if metric(c.spec.metric).log else "difference of ln growths"
+
+
+def phases_table(items: Sequence[ClaimResult]) -> str:
+    """Every depth claim's test at each phase (``depth_tests``; ``bhyt_pl.study.report.phases``): step 0, the end
+    (the number its verdict reads for a claim of the end), made by training, and where the end effect comes from."""
+    columns: list[Column[tuple[ClaimResult, Test]]] = [
+        Column("claim", lambda ct: claim_name(ct[0])),
+        Column("rate", lambda ct: ct[1].rate),
+        Column("d", lambda ct: _scale(ct[0])),
+        Column("pairs", lambda ct: str(ct[1].difference.n)),
+        *phase_columns(lambda ct: ct[1].phases),
+    ]
+    return table(columns, depth_tests(items), empty="(no depth claim)")
+
+
 _LETTER = {stats.REPRODUCED: "R", stats.NOT_REPRODUCED: "N", stats.INCONCLUSIVE: "."}
 
 
@@ -437,9 +465,14 @@ def _point(p: Mapping[str, float]) -> str:
     return f"{num(p['mean'])} [{num(p['low'])}, {num(p['high'])}] @{p['tokens']:,}"
 
 
+def _made_by_training(t: Test) -> str:
+    return signed_ci(t.phases.training) if t.phases is not None else "-"
+
+
 def training_table(items: Sequence[ClaimResult]) -> str:
     """Every (claim, rate) test at each trajectory point, as one letter per point (R reproduced, N not
-    reproduced, . inconclusive), with the difference at the first and last points."""
+    reproduced, . inconclusive), with the difference at step 0, the first trained point and the last point, and
+    the difference training made (end minus step 0, paired per seed, 95 %)."""
     columns: list[Column[tuple[ClaimResult, Test]]] = [
         Column("claim", lambda ct: claim_name(ct[0])),
         Column("rate", lambda ct: ct[1].rate),
@@ -447,8 +480,10 @@ def training_table(items: Sequence[ClaimResult]) -> str:
             "verdict at each point (step 0 first)",
             lambda ct: "`" + "".join(_LETTER.get(p["verdict"], "?") for p in ct[1].over_training) + "`",
         ),
+        Column("step 0", lambda ct: _point(ct[1].over_training[0])),
         Column("first trained point", lambda ct: _point(ct[1].over_training[min(1, len(ct[1].over_training) - 1)])),
         Column("last point", lambda ct: _point(ct[1].over_training[-1])),
+        Column("made by training (end - step 0, 95 %)", lambda ct: _made_by_training(ct[1])),
     ]
     rows = [(c, t) for c in items for t in c.tests if t.over_training]
     return table(columns, rows, empty="(no trajectory)")
