@@ -29,7 +29,6 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import ast
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -47,6 +46,7 @@ from bhyt_pl.study.cli.run_arguments import (
     add_data_arguments,
     add_hardware_arguments,
     add_schedule_arguments,
+    parse_overrides,
     study_data,
     trainer_settings,
 )
@@ -220,23 +220,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         p.add_argument(flag, action=_Removed, help=argparse.SUPPRESS)
 
 
-def _literal(text: str) -> object:
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return text
-
-
-def _parse_overrides(items: Sequence[str]) -> dict[str, object]:
-    overrides = {}
-    for item in items:
-        key, eq, value = item.partition("=")
-        if not eq:
-            raise ValueError(f"--override {item!r} must be FIELD=VALUE, e.g. --override dim=256")
-        overrides[key] = _literal(value)
-    return overrides
-
-
 def resolve(args: argparse.Namespace) -> tuple[Budget, dict[str, object]]:
     """The budget (mode defaults, then explicit options) and the model overrides; fails early on bad values."""
     base = (SWEEP_QUICK if args.quick else SWEEP) if args.sweep else (QUICK if args.quick else FULL)
@@ -291,7 +274,7 @@ def resolve(args: argparse.Namespace) -> tuple[Budget, dict[str, object]]:
         problems.append(f"--max-loss must be > 0, got {args.max_loss}")
     overrides: dict[str, object] = {}
     try:
-        overrides = _parse_overrides(args.override)
+        overrides = parse_overrides(args.override)
     except ValueError as exc:
         problems.append(str(exc))
     if budget.layers is not None and not args.sweep:

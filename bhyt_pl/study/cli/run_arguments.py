@@ -5,6 +5,8 @@ exploration and the token-budget map."""
 from __future__ import annotations
 
 import argparse
+import ast
+from collections.abc import Sequence
 
 from bhyt_pl.study.protocol.spec import TrainerSettings
 from bhyt_pl.study.run.data import StudyData
@@ -13,9 +15,29 @@ __all__ = [
     "add_data_arguments",
     "add_hardware_arguments",
     "add_schedule_arguments",
+    "parse_overrides",
     "study_data",
     "trainer_settings",
 ]
+
+
+def _literal(text: str) -> object:
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def parse_overrides(items: Sequence[str]) -> dict[str, object]:
+    """``--override FIELD=VALUE ...`` as ``LlamaConfig`` fields (a value is a Python literal when it reads as one:
+    ``dim=256`` is an int, ``norm_eps=1e-6`` a float, ``tie_embeddings=False`` a bool)."""
+    overrides = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ValueError(f"--override {item!r} must be FIELD=VALUE, e.g. --override dim=256")
+        overrides[key] = _literal(value)
+    return overrides
 
 
 def add_schedule_arguments(group: argparse._ArgumentGroup) -> None:

@@ -36,6 +36,7 @@ from bhyt_pl.study.cli.run_arguments import (
     add_data_arguments,
     add_hardware_arguments,
     add_schedule_arguments,
+    parse_overrides,
     study_data,
     trainer_settings,
 )
@@ -87,6 +88,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     model = p.add_argument_group("the map")
     model.add_argument("--preset", choices=sorted(PRESETS), default=d.preset, help="model preset")
     model.add_argument(
+        "--override", nargs="*", default=[], metavar="FIELD=VALUE", help="LlamaConfig fields, e.g. n_layers=8"
+    )
+    model.add_argument(
         "--schemes", nargs="+", default=list(d.schemes), help="scheme groups, each name[:key=value,...] (a grid "
         "key=v1|v2 is searched on the selection seed with the rate)"
     )  # fmt: skip
@@ -102,9 +106,10 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     model.add_argument(
         "--scheme-lrs",
         nargs="*",
-        default=list(d.scheme_lrs),
+        default=None,
         metavar="GROUP=LR,LR,...",
-        help="a group's own grid instead of --lrs",
+        help=f"a group's own grid instead of --lrs (default: {' '.join(d.scheme_lrs)}, for the groups among "
+        "--schemes)",
     )
     model.add_argument(
         "--select-through",
@@ -137,6 +142,13 @@ def _grids(groups: Sequence[SchemeGroup], lrs: Sequence[float], items: Sequence[
             raise UsageError(f"--scheme-lrs {item!r}: rates must be > 0 and distinct")
         grids[group] = rates
     return grids
+
+
+def _scheme_lrs(given: Sequence[str] | None, groups: Sequence[str]) -> list[str]:
+    """``--scheme-lrs`` as given (each must name a group), or the default grids of the groups among ``--schemes``."""
+    if given is not None:
+        return list(given)
+    return [item for item in DEFAULTS.scheme_lrs if item.rpartition("=")[0] in groups]
 
 
 @dataclass(frozen=True)
@@ -236,7 +248,8 @@ def setup_from(args: argparse.Namespace, argv: Sequence[str]) -> BudgetSetup:
     seq_len = args.seq_len or DEFAULTS.seq_len
     batch_size = args.batch_size or DEFAULTS.batch_size
     val_batches = args.val_batches or DEFAULTS.val_batches
-    config = LlamaConfig.from_name(args.preset)
+    overrides = parse_overrides(args.override)
+    config = LlamaConfig.from_name(args.preset, **overrides)  # unknown fields and bad values fail here
     if seq_len > config.max_seq_len:
         raise UsageError(f"--seq-len {seq_len} exceeds {args.preset}'s max_seq_len={config.max_seq_len}")
     groups = []
@@ -256,7 +269,7 @@ def setup_from(args: argparse.Namespace, argv: Sequence[str]) -> BudgetSetup:
             tuple(groups),
             args.reference,
             budgets,
-            _grids(groups, args.lrs, args.scheme_lrs),
+            _grids(groups, args.lrs, _scheme_lrs(args.scheme_lrs, labels)),
             args.seeds,
             args.extensions,
             args.select_through or 0,
@@ -267,6 +280,7 @@ def setup_from(args: argparse.Namespace, argv: Sequence[str]) -> BudgetSetup:
         label="base",
         norm="rmsnorm",
         preset=args.preset,
+        overrides=overrides,
         lr=args.lrs[0],
         steps=budgets[0].steps,
         seed=42,

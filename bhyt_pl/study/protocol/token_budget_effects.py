@@ -16,9 +16,16 @@ from dataclasses import dataclass
 from scipy import optimize as _scipy_optimize
 from scipy import stats as _scipy_stats
 
-from bhyt_pl.study.protocol.metrics import PHASES, VAL_LOSS, phase_value, snapshots, value
+from bhyt_pl.study.protocol.metrics import (
+    VAL_LOSS,
+    PhaseDifferences,
+    effect_origin,
+    phase_differences,
+    snapshots,
+    value,
+)
 from bhyt_pl.study.protocol.spec import RunResult
-from bhyt_pl.study.protocol.stats import ALPHA, Interval, interval, paired_differences
+from bhyt_pl.study.protocol.stats import ALPHA, Interval, interval
 from bhyt_pl.study.protocol.token_budget import BudgetDesign, TokenBudget
 
 __all__ = [
@@ -85,11 +92,16 @@ def minimum_detectable_difference(sd: float, n: int, alpha: float = ALPHA, power
 
 @dataclass(frozen=True)
 class Arms:
-    """One depth metric's per-seed paired difference (scheme minus reference) at each phase of the runs:
-    ``init`` (step 0), ``end`` and ``training`` (end minus step 0)."""
+    """One depth metric's per-seed paired difference (scheme minus reference) at each phase of the runs: at
+    initialisation (step 0), at the end and made by training (end minus step 0), with where the end effect comes
+    from in words (``metrics.effect_origin``)."""
 
     metric: str
-    by_phase: dict[str, Interval]
+    phases: PhaseDifferences
+
+    @property
+    def origin(self) -> str:
+        return effect_origin(self.phases.init, self.phases.end, self.phases.training)
 
 
 @dataclass(frozen=True)
@@ -165,21 +177,7 @@ def budget_effects(design: BudgetDesign, runs: Sequence[RunResult]) -> list[Budg
             loss_b = _by_seed(reference, lambda r: value(r, VAL_LOSS.name))
             seeds = sorted(i for i in set(loss_a) & set(loss_b) if math.isfinite(loss_a[i] - loss_b[i]))
             loss = interval([loss_a[i] - loss_b[i] for i in seeds])
-            arms = tuple(
-                Arms(
-                    name,
-                    {
-                        phase: interval(
-                            paired_differences(
-                                _by_seed(scheme, lambda r, p=phase: phase_value(r, name, p)),
-                                _by_seed(reference, lambda r, p=phase: phase_value(r, name, p)),
-                            )
-                        )
-                        for phase in PHASES
-                    },
-                )
-                for name in DEPTH_METRICS
-            )
+            arms = tuple(Arms(name, phase_differences(scheme, reference, name)) for name in DEPTH_METRICS)
             noise = [validation_noise(scheme[i], reference[i]) for i in sorted(set(scheme) & set(reference))]
             noise = [x for x in noise if math.isfinite(x)]
             out.append(BudgetEffect(

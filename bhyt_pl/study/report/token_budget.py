@@ -82,7 +82,7 @@ def sections(record: StudyRecord) -> dict[str, object]:
                 "saturation_early": iv(e.saturation_early),
                 "saturation_end": iv(e.saturation_end),
                 "validation_noise_se": e.val_noise_se,
-                "arms": {a.metric: {p: iv(a.by_phase[p]) for p in PHASES} for a in e.arms},
+                "arms": {a.metric: {p: iv(a.phases.at(p)) for p in PHASES} | {"origin": a.origin} for a in e.arms},
             }
             for e in effects
         ],
@@ -253,8 +253,8 @@ def _arms_table(effects: Sequence[BudgetEffect]) -> str:
     for e in effects:
         for a in e.arms:
             rows.append([e.budget.label, e.group, DEPTH_METRICS[a.metric],
-                         *[short_ci(a.by_phase[p]) for p in PHASES]])  # fmt: skip
-    return markdown_table(["T/P", "scheme", "metric", *[PHASE_NAMES[p] for p in PHASES]], rows)
+                         *[short_ci(a.phases.at(p)) for p in PHASES], a.origin])  # fmt: skip
+    return markdown_table(["T/P", "scheme", "metric", *[PHASE_NAMES[p] for p in PHASES], "reads"], rows)
 
 
 def _saturation_table(design: BudgetDesign, effects: Sequence[BudgetEffect], runs: Sequence[RunResult]) -> str:
@@ -329,7 +329,7 @@ def effects_figure(design: BudgetDesign, effects: Sequence[BudgetEffect]) -> Fig
     panels = [
         (axes[0], lambda e: e.loss, f"validation loss - {design.reference} (nats)"),
         (axes[1], lambda e: e.saturation_end, "tanh saturation at the end (|arg| > 2)"),
-        (axes[2], lambda e: e.arms[0].by_phase["training"], "made by training: ln median-token magnitude diff"),
+        (axes[2], lambda e: e.arms[0].phases.training, "made by training: ln median-token magnitude diff"),
     ]
     for ax, read, title in panels:
         for i, g in enumerate(groups):
