@@ -21,9 +21,9 @@ The LightningCLI subclass adds defaults, argument links and the checks that keep
 - single-file checkpoints are written atomically (``AtomicCheckpointIO``) unless ``trainer.plugins`` is set;
   sharded ones by ``RunCheckpoint``; Ctrl-C finishes the step and saves (``--checkpoint.save_on_ctrl_c``);
 - every run writes ``<version dir>/train.log`` (``RunLogFile``: logging, warnings, the traceback);
-- on the command line, problems the user fixes (bad settings, files, a full disk, an incomplete checkpoint)
-  print one short error without a traceback and exit with status 2 (once, from rank 0, when every rank raises
-  it: ``AgreedUsageError``); a stopped peer process or a failed save
+- on the command line, problems the user fixes (bad settings, files, a full disk, an incomplete checkpoint, a
+  missing extra: ``bhyt_pl.optional``) print one short error without a traceback and exit with status 2 (once,
+  from rank 0, when every rank raises it: ``AgreedUsageError``); a stopped peer process or a failed save
   prints one line naming the last complete checkpoint and the command that resumes, and exits with status 1
   (``bhyt_pl.failures``); an error every rank raises (a full disk at a save, too little free space) prints once.
 """
@@ -50,6 +50,7 @@ from bhyt_pl.disk_full import DiskFull, disk_full_in, free_bytes
 from bhyt_pl.errors import AgreedUsageError, UsageError, exception_chain
 from bhyt_pl.failures import FailureReport, python_command
 from bhyt_pl.module import GIVEN, LlamaLM
+from bhyt_pl.optional import MissingExtra
 from bhyt_pl.run_config import data_run_facts, data_tokenizer
 from bhyt_pl.runs import run_loggers
 from bhyt_pl.watchdog import HangWatchdog
@@ -498,7 +499,7 @@ def user_error_message(err: BaseException) -> str | None:
     if full is not None:
         save = next((exc for exc in exception_chain(err) if isinstance(exc, CheckpointSaveError)), None)
         return _disk_full_message(full, save)
-    if isinstance(err, (UsageError, FileNotFoundError, PermissionError)):
+    if isinstance(err, (UsageError, MissingExtra, FileNotFoundError, PermissionError)):
         return str(err)
     return None
 

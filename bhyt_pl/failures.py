@@ -20,7 +20,6 @@ import logging
 import os
 import re
 import shlex
-import shutil
 import signal
 import sys
 import threading
@@ -37,6 +36,7 @@ from bhyt_pl.callbacks.checkpointing import CheckpointSaveError
 from bhyt_pl.callbacks.run_log import RunLogFile
 from bhyt_pl.checkpoint_io import complete_checkpoints
 from bhyt_pl.errors import exception_chain
+from bhyt_pl.interpreter import python_command
 
 __all__ = ["FailureReport", "Report", "exception_chain", "peer_failure", "python_command", "resume_command"]
 
@@ -87,18 +87,6 @@ def peer_failure(err: BaseException) -> str | None:
         if _STORE_LOST.search(text):
             return "the connection to rank 0's rendezvous store was lost (rank 0 stopped)"
     return None
-
-
-def python_command() -> str:
-    """How to call this interpreter from the working directory: ``.venv/bin/python`` for the quick start's
-    environment (a bare ``python`` there would be the system's, without torch), ``python`` when that is the one
-    on ``PATH``, else its absolute path."""
-    executable = os.path.abspath(sys.executable)
-    on_path = shutil.which("python")
-    if on_path is not None and os.path.abspath(on_path) == executable:
-        return "python"
-    relative = os.path.relpath(executable)
-    return executable if relative.startswith("..") else relative
 
 
 def resume_command(argv: list[str]) -> str:

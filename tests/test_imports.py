@@ -24,6 +24,8 @@ LAYERS: list[tuple[str, ...]] = [
         "bhyt_pl._version",
         "bhyt_pl.lazy",
         "bhyt_pl.errors",
+        "bhyt_pl.interpreter",
+        "bhyt_pl.optional",
         "bhyt_pl.machine",
         "bhyt_pl.validation",
         "bhyt_pl.strict_json",

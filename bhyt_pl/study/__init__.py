@@ -14,14 +14,20 @@ The subpackages follow the pipeline, each importing only those before it:
 - ``report``: the documents and figures, rendered from a record alone.
 - ``cli``: the driver every kind of study runs on, and the kinds themselves (the exploration, the confirmation).
 
-Importing this package loads none of them: ``main`` imports the driver when called.
+Importing this package loads none of them: ``main`` imports the driver when called. It needs the ``study`` extra
+(scipy for the statistics, submitit for the launchers): without it, importing any part of the study raises one line
+naming the ``pip install`` to run (``bhyt_pl.optional``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from bhyt_pl.optional import require
+
 __all__ = ["main"]
+
+require("study")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
