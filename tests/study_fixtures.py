@@ -219,3 +219,59 @@ def two_group_record():
     return StudyRecord(
         "exploration", {"command": "python -m bhyt_pl study", "schemes": ["rmsnorm", "bhyt"]}, runs, design=design
     )
+
+
+def budget_run(spec, loss: float, median: tuple[float, float], saturation: tuple[float, float, float], batches):
+    """A token-budget run whose last layer's median-token magnitude is ``median`` (step 0, end), with saturation at
+    step 0, the early step (10) and the end (step 20), its validation loss ``loss`` (training loss 0.1 below) and
+    per-batch validation losses ``batches``."""
+
+    def point(step: int, m: float, s: float, val: float) -> dict:
+        return {"step": step, "median_magnitude": [1.0, m], "magnitude": [1.0, 2 * m], "variance": [1.0, 1.0],
+                "saturation": [s, s], "val_loss": val}  # fmt: skip
+
+    trajectory = [point(0, median[0], saturation[0], 9.0), point(10, median[0], saturation[1], 8.0)]
+    trajectory.append(point(20, median[1], saturation[2], loss))
+    final = {"median_magnitude/layer_00": 1.0, "median_magnitude/layer_01": median[1],
+             "magnitude/layer_00": 1.0, "magnitude/layer_01": 2 * median[1],
+             "variance/layer_00": 1.0, "variance/layer_01": 1.0,
+             "saturation/mlp_in/layer_00": saturation[2], "saturation/mlp_in/layer_01": saturation[2],
+             "saturation/layer_00": saturation[2], "saturation/layer_01": saturation[2]}  # fmt: skip
+    return RunResult(spec=spec, n_layers=2, dim=16, steps_done=20, val_loss=loss, train_loss=loss - 0.1,
+                     depth_final=final, trajectory=trajectory, val_batch_losses=list(batches))  # fmt: skip
+
+
+BUDGET_PLAN = {
+    "rmsnorm": [(4.1, (2.0, 4.0), (0.0, 0.0, 0.0), (4.0, 4.0)), (4.1, (2.0, 4.0), (0.0, 0.0, 0.0), (4.0, 4.0))],
+    "bhyt": [(4.0, (1.0, 2.0), (0.1, 0.5, 0.6), (4.0, 4.2)), (4.2, (1.0, 4.0), (0.1, 0.3, 0.2), (4.1, 4.1))],
+}
+"""Per group, each evaluation seed's (loss, median at step 0 and end, saturation at 0 / 10 / end, batch losses):
+BHyT - RMSNorm is -0.1 and +0.1 in loss; its early saturation 0.5 and 0.3."""
+
+
+def budget_record(ratios=(0.015,), select_through: int = 0, shift: tuple[float, ...] = (0.0,)):
+    """A token-budget map's record: RMSNorm and BHyT on budgets of ``ratios`` (20 steps, 40, ...; early step 10),
+    two evaluation seeds each from ``BUDGET_PLAN``, BHyT's losses on budget ``k`` moved by ``shift[k]``."""
+    from bhyt_pl.study.protocol.design import parse_group
+    from bhyt_pl.study.protocol.plan import evaluation_specs, selection_specs
+    from bhyt_pl.study.protocol.token_budget import BudgetDesign, TokenBudget, budget_base
+    from bhyt_pl.study.record.results import StudyRecord
+
+    budgets = tuple(TokenBudget(r, 20 * (k + 1), 10) for k, r in enumerate(ratios))
+    groups = (parse_group("rmsnorm"), parse_group("bhyt"))
+    design = BudgetDesign(groups, "rmsnorm", budgets, {"rmsnorm": (3e-3,), "bhyt": (3e-3,)}, 2, 1, select_through)
+    runs = []
+    for k, budget in enumerate(budgets):
+        base = budget_base(BASE, budget)
+        for g in groups:
+            if budget in design.selected_budgets:
+                chosen = RunResult(selection_specs(g, (3e-3,), base)[0], val_loss=4.0)
+                runs.append(chosen)
+                design.selections.setdefault(budget.label, {})[g.label] = Selection(g.label, chosen, (chosen,))
+            selection = design.selection(budget, g.label)
+            for i, spec in enumerate(evaluation_specs(g, selection, (), 2, base)):
+                loss, median, saturation, batches = BUDGET_PLAN[g.label][i]
+                moved = shift[k] if g.label == "bhyt" else 0.0
+                runs.append(budget_run(spec, loss + moved, median, saturation, batches))
+    meta = {"command": "python -m bhyt_pl study token-budget", "validation": "4 fixed batches", "unigram_loss": 6.5}
+    return StudyRecord("token_budget", meta, runs, budgets=design)

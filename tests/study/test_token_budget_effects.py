@@ -9,13 +9,10 @@ import math
 import pytest
 from scipy import integrate
 from scipy import stats as scipy_stats
-from study_fixtures import BASE
+from study_fixtures import budget_record
 
-from bhyt_pl.study.protocol.design import Selection, parse_group
-from bhyt_pl.study.protocol.plan import evaluation_specs, selection_specs
-from bhyt_pl.study.protocol.spec import RunResult
 from bhyt_pl.study.protocol.stats import interval
-from bhyt_pl.study.protocol.token_budget import BudgetDesign, TokenBudget, budget_base
+from bhyt_pl.study.protocol.token_budget import TokenBudget
 from bhyt_pl.study.protocol.token_budget_effects import (
     SATURATION_CUT,
     BudgetEffect,
@@ -98,24 +95,6 @@ def test_no_sign_change_when_the_mean_line_keeps_its_sign() -> None:
 
 
 # ----------------------------------------------------------------------------- the runs of a two-seed example
-def _run(spec, loss: float, median: tuple[float, float], saturation: tuple[float, float, float], batches) -> RunResult:
-    """A run whose last layer's median-token magnitude is ``median`` (step 0, end), with saturation at step 0, the
-    early step (10) and the end, and per-batch validation losses."""
-
-    def point(step: int, m: float, s: float, val: float) -> dict:
-        return {"step": step, "median_magnitude": [1.0, m], "magnitude": [1.0, 2 * m], "variance": [1.0, 1.0],
-                "saturation": [s, s], "val_loss": val}  # fmt: skip
-
-    trajectory = [point(0, median[0], saturation[0], 9.0), point(10, median[0], saturation[1], 8.0)]
-    trajectory.append(point(20, median[1], saturation[2], loss))
-    final = {"median_magnitude/layer_00": 1.0, "median_magnitude/layer_01": median[1],
-             "magnitude/layer_00": 1.0, "magnitude/layer_01": 2 * median[1],
-             "variance/layer_00": 1.0, "variance/layer_01": 1.0,
-             "saturation/layer_00": saturation[2], "saturation/layer_01": saturation[2]}  # fmt: skip
-    return RunResult(spec=spec, n_layers=2, dim=16, steps_done=20, val_loss=loss, train_loss=loss - 0.1,
-                     depth_final=final, trajectory=trajectory, val_batch_losses=list(batches))  # fmt: skip
-
-
 def test_the_three_arms_loss_difference_and_saturation_on_two_seeds() -> None:
     """BHyT against RMSNorm on one budget, two evaluation seeds, worked by hand:
 
@@ -126,35 +105,24 @@ def test_the_three_arms_loss_difference_and_saturation_on_two_seeds() -> None:
     - saturation at the early step 10: 0.5 and 0.3, mean 0.4;
     - validation noise: per-batch differences (0, 0.2) in seed 1 and (0.1, 0.1) in seed 2: SD/sqrt 2 = 0.1, 0.
     """
-    budget = TokenBudget(0.015, 20, 10)
-    groups = (parse_group("rmsnorm"), parse_group("bhyt"))
-    design = BudgetDesign(groups, "rmsnorm", (budget,), {"rmsnorm": (3e-3,), "bhyt": (3e-3,)}, 2)
-    base = budget_base(BASE, budget)
-    runs = []
-    plan = {
-        "rmsnorm": [(4.1, (2.0, 4.0), (0.0, 0.0, 0.0), (4.0, 4.0)), (4.1, (2.0, 4.0), (0.0, 0.0, 0.0), (4.0, 4.0))],
-        "bhyt": [(4.0, (1.0, 2.0), (0.1, 0.5, 0.6), (4.0, 4.2)), (4.2, (1.0, 4.0), (0.1, 0.3, 0.2), (4.1, 4.1))],
-    }
-    for g in groups:
-        chosen = RunResult(selection_specs(g, (3e-3,), base)[0], val_loss=4.0)
-        design.selections.setdefault(budget.label, {})[g.label] = Selection(g.label, chosen, (chosen,))
-        specs = evaluation_specs(g, design.selections[budget.label][g.label], (), 2, base)
-        runs += [_run(spec, *plan[g.label][i]) for i, spec in enumerate(specs)]
+    record = budget_record()
+    design, runs = record.budgets, record.runs
     [effect] = budget_effects(design, runs)
     assert effect.group == "bhyt" and effect.lr == 3e-3 and effect.per_seed == pytest.approx({1: -0.1, 2: 0.1})
     assert effect.loss.mean == pytest.approx(0.0, abs=1e-12) and effect.loss.n == 2
-    arms = {a.metric: a.by_phase for a in effect.arms}["median_magnitude"]
-    ln2 = math.log(2)
-    assert arms["init"].mean == pytest.approx(-ln2) and arms["init"].low == pytest.approx(-ln2)  # no spread
-    assert arms["end"].mean == pytest.approx(-ln2 / 2)
-    assert arms["training"].mean == pytest.approx(ln2 / 2)
+    median = {a.metric: a for a in effect.arms}["median_magnitude"]
+    arms, ln2 = median.phases, math.log(2)
+    assert arms.init.mean == pytest.approx(-ln2) and arms.init.low == pytest.approx(-ln2)  # no spread
+    assert arms.end.mean == pytest.approx(-ln2 / 2)
+    assert arms.training.mean == pytest.approx(ln2 / 2)
     sd = ln2 / math.sqrt(2)  # the differences 0 and ln 2
-    assert arms["training"].high - arms["training"].mean == pytest.approx(T_975_1DF * sd / math.sqrt(2), rel=1e-5)
+    assert arms.training.high - arms.training.mean == pytest.approx(T_975_1DF * sd / math.sqrt(2), rel=1e-5)
+    assert median.origin == "present at initialisation, unresolved at the end"
     assert effect.saturation_early.mean == pytest.approx(0.4)
     assert effect.saturation_end.mean == pytest.approx(0.4)
     assert effect.gap.mean == pytest.approx(0.1)
     assert effect.val_noise_se == pytest.approx((0.1 + 0.0) / 2)
-    assert validation_noise(runs[2], runs[0]) == pytest.approx(0.1)
+    assert validation_noise(runs[4], runs[1]) == pytest.approx(0.1)
     assert effect.mdd == pytest.approx(minimum_detectable_difference(effect.loss.sd, 2))
 
 

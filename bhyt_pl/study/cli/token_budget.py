@@ -307,6 +307,12 @@ def setup_from(args: argparse.Namespace, argv: Sequence[str]) -> BudgetSetup:
     return BudgetSetup(tuple(argv), options, design, base, data, trainer_settings(args), val_batches, tokens_per_step)
 
 
+def _span(low: float, high: float, spec: str) -> str:
+    """``low-high`` in format ``spec``, one number when they agree."""
+    a, b = format(low, spec), format(high, spec)
+    return a if a == b else f"{a}-{b}"
+
+
 def dry_run_text(setup: BudgetSetup, probe: estimate.Probe | None = None, workers: int = 1) -> str:
     """What ``--dry-run`` prints: per budget its T/P, steps, tokens, runs (a range: extensions), training FLOPs and
     GPU-hours; the runs ``--out`` already holds; the CPU time from ``probe``; the assumptions."""
@@ -314,7 +320,7 @@ def dry_run_text(setup: BudgetSetup, probe: estimate.Probe | None = None, worker
     flops_per_token = training_flops_per_token(setup.config, setup.data.seq_len)
     lines = [f"token-budget dry run (--out {setup.out}): nothing is trained or written", ""]
     groups, seeds = len(design.groups), design.n_seeds
-    header = "| T/P | steps | tokens | early step | runs | training FLOPs | GPU-hours | CPU steps |"
+    header = "| T/P | steps | tokens | early step | runs | training FLOPs | GPU-hours | steps of all its runs |"
     lines += [header, "|" + "---|" * 8]
     total_runs, total_flops, total_steps, reused = [0, 0], [0.0, 0.0], [0, 0], 0
     for b in design.budgets:
@@ -325,8 +331,8 @@ def dry_run_text(setup: BudgetSetup, probe: estimate.Probe | None = None, worker
         flops = (low * tokens * flops_per_token, high * tokens * flops_per_token)
         hours = [estimate.gpu_hours(f, args.mfu, args.peak_tflops) for f in flops]
         lines.append(
-            f"| {b.label} | {b.steps:,} | {tokens:,} | {b.early_step} | {low}-{high} | {flops[0]:.3g}-{flops[1]:.3g} "
-            f"| {hours[0]:.3g}-{hours[1]:.3g} | {low * b.steps:,}-{high * b.steps:,} |"
+            f"| {b.label} | {b.steps:,} | {tokens:,} | {b.early_step} | {_span(low, high, 'd')} "
+            f"| {_span(*flops, '.3g')} | {_span(*hours, '.3g')} | {_span(low * b.steps, high * b.steps, ',')} |"
         )
         for i, v in enumerate((low, high)):
             total_runs[i] += v

@@ -1,5 +1,5 @@
 """The token-budget map's design: which budgets it trains, how each budget's learning rates are chosen, and what it
-records of the choice (docs/method.md, "The token-budget map").
+records of the choice (docs/method.md, section 11).
 
 A budget is a ratio of training tokens to P, the block-matrix parameters (``bhyt_pl.model_size``); each is a full run
 with its own schedule (warmup and cosine decay over its own steps), never a cut from a longer run. Every scheme

@@ -1,7 +1,6 @@
 """What the token-budget map measures, from its runs alone: per budget, each scheme's validation-loss difference to
 the reference with its paired-t interval and the smallest difference its seeds could detect; where that difference
-changes sign along log T/P; and whether early tanh saturation predicts its sign (docs/method.md, "The token-budget
-map").
+changes sign along log T/P; and whether early tanh saturation predicts its sign (docs/method.md, section 11).
 
 Everything here is a function of the finished runs and the design; nothing is fitted on the cells it is scored on:
 the saturation rule's cut (``SATURATION_CUT``) and early point are fixed before the runs.
