@@ -54,13 +54,13 @@ def scheme_signature(name: str) -> str:
     from bhyt_pl.norms import build_norm_scheme, registered_norms
 
     if name not in registered_norms():
-        raise ValueError(f"generated: scheme-signature {name}: not a registered scheme ({', '.join(registered_norms())})")
+        known = ", ".join(registered_norms())
+        raise ValueError(f"generated: scheme-signature {name}: not a registered scheme ({known})")
     cls = type(build_norm_scheme(name))
     params = [p for p in inspect.signature(cls.__init__).parameters.values() if p.name != "self"]
     if not params:
         return f"```python\n{cls.__name__}()  # --model.norm {name}: no arguments\n```"
-    lines = [f"    {p.name}: {_annotation(p)} = {p.default!r}," if p.default is not p.empty else f"    {p.name}: {_annotation(p)},"
-             for p in params]
+    lines = [f"    {p.name}: {_annotation(p)}{'' if p.default is p.empty else f' = {p.default!r}'}," for p in params]
     return f"```python\n{cls.__name__}(  # --model.norm {name}\n" + "\n".join(lines) + "\n)\n```"
 
 
