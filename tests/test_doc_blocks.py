@@ -1,5 +1,6 @@
 """Every fenced code block of README.md and docs/**/*.md is run, parsed, checked or exempted with its reason, and no
-paragraph runs over 150 words: the documentation cannot drift from the code, nor grow walls of prose.
+paragraph runs over 150 words, and the README repeats no sentence of docs/: the documentation cannot drift from the
+code, nor grow walls of prose.
 
 What happens to a block follows from its language, or from a marker on the line before its fence:
 
@@ -211,6 +212,21 @@ def test_no_paragraph_runs_over_150_words() -> None:
             if words > MAX_PARAGRAPH_WORDS:
                 long.append(f"{rel}:{line}: {words} words: {paragraph[:80]}...")
     assert not long, f"paragraphs over {MAX_PARAGRAPH_WORDS} words (split them):\n" + "\n".join(long)
+
+
+def sentences(text: str, min_words: int = 8) -> set[str]:
+    """The sentences of ``text`` outside code blocks with at least ``min_words`` words, whitespace folded."""
+    prose = " ".join(re.sub(r"^```.*?^```", "", text, flags=re.S | re.M).split())
+    return {s for s in re.split(r"(?<=[.!?])\s+", prose) if len(s.split()) >= min_words}
+
+
+def test_the_readme_and_the_site_share_no_sentence() -> None:
+    """The README links to the site rather than repeating it: one copy of each explanation to keep true."""
+    readme = sentences((ROOT / "README.md").read_text())
+    shared = [f"{path.relative_to(ROOT)}: {s}" for path in DOCUMENTS[1:] for s in readme & sentences(path.read_text())]
+    assert not shared, "sentences of README.md repeated in docs/ (link to the page instead):\n" + "\n".join(shared)
+    assert sentences("One two three four five six seven eight. Short one.\n```\nA b c d e f g h i.\n```") == {
+        "One two three four five six seven eight."}  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- the tests
