@@ -4,6 +4,8 @@ A page asks for a part with an HTML comment on a line of its own; the hook repla
 
 - ``<!-- generated: cli-help fit -->``: the ``--help`` of ``python -m bhyt_pl fit`` (any tool and subcommand:
   ``cli-help study confirm``), from the parser the command line itself builds;
+- ``<!-- generated: module-help bhyt_pl.bench.gpu -->``: the ``--help`` of ``python -m bhyt_pl.bench.gpu``, a module
+  whose ``main(argv)`` parses its own command line;
 - ``<!-- generated: scheme-signature bhyt -->``: the registered scheme's constructor, its arguments and defaults,
   from ``inspect.signature`` of the class ``--model.norm bhyt`` builds.
 
@@ -31,21 +33,33 @@ def cli_help(command: str) -> str:
     """What ``python -m bhyt_pl COMMAND --help`` prints, run in this process (each tool's ``main(argv)``)."""
     from bhyt_pl.cli import main
 
+    return _help(main, command.split(), "python -m bhyt_pl", f"cli-help {command}")
+
+
+@functools.cache
+def module_help(module: str) -> str:
+    """What ``python -m MODULE --help`` prints, from the module's ``main(argv)``."""
+    import importlib
+
+    return _help(importlib.import_module(module).main, [], f"python -m {module}", f"module-help {module}")
+
+
+def _help(main, argv: list[str], prog: str, part: str) -> str:  # noqa: ANN001  (a tool's main)
     out = io.StringIO()
-    argv, columns = sys.argv, os.environ.get("COLUMNS")
-    sys.argv, os.environ["COLUMNS"] = ["python -m bhyt_pl"], HELP_COLUMNS  # the prog name; no mkdocs flags
+    saved_argv, columns = sys.argv, os.environ.get("COLUMNS")
+    sys.argv, os.environ["COLUMNS"] = [prog], HELP_COLUMNS  # the prog name; no mkdocs flags
     try:
         with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
-            main([*command.split(), "--help"])
+            main([*argv, "--help"])
     finally:
-        sys.argv = argv
+        sys.argv = saved_argv
         if columns is None:
             del os.environ["COLUMNS"]
         else:
             os.environ["COLUMNS"] = columns
     text = out.getvalue().rstrip()
     if not text.startswith("usage:"):
-        raise ValueError(f"generated: cli-help {command}: --help printed no usage line")
+        raise ValueError(f"generated: {part}: --help printed no usage line")
     return f"```text\n{text}\n```"
 
 
@@ -70,7 +84,7 @@ def _annotation(parameter: inspect.Parameter) -> str:
     return annotation if isinstance(annotation, str) else inspect.formatannotation(annotation)
 
 
-RENDERERS = {"cli-help": cli_help, "scheme-signature": scheme_signature}
+RENDERERS = {"cli-help": cli_help, "module-help": module_help, "scheme-signature": scheme_signature}
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ANN001  (MkDocs' hook signature)
