@@ -1,6 +1,7 @@
 """Distributed training on CPU (gloo): DDP and FSDP2 against one process, validation included, sharded
 checkpoints, exact resume after SIGKILL, evaluation (validate, test, predict) on two ranks against one process,
-and the README's two-process rehearsal. Every multi-process job runs as a subprocess with a clean environment."""
+and the documented two-process rehearsal (docs/how-to/distributed.md). Every multi-process job runs as a
+subprocess with a clean environment."""
 
 from __future__ import annotations
 
@@ -296,7 +297,7 @@ def test_evaluation_on_two_ranks_reads_and_scores_what_one_process_does(initial_
     ids=["fsdp2", "ddp"],
 )
 def test_the_readme_two_process_rehearsal_validates_and_finishes(launch: list[str], tmp_path) -> None:
-    """The README's FSDP2-on-CPU rehearsal with validation every 2 steps (and DDP instead of FSDP2) hung in its
+    """The documented FSDP2-on-CPU rehearsal with validation every 2 steps (and DDP instead of FSDP2) hung in its
     first validation pass: one rank's validation file gave a batch less than the other's."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

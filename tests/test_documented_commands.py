@@ -522,6 +522,7 @@ RULES: list[tuple[str, Action]] = [
     (r"^\.venv/bin/python -m pytest( |$)", Action("exempt", "the test suite itself")),
     (r"^\.venv/bin/ruff check ", Action("exempt", "the linter: .ci/run runs it beside this suite")),
     (r"^bash \.ci/run$", Action("exempt", "CI: installs a clean clone, lints, runs this suite")),
+    (r"^\.venv/bin/mkdocs build --strict$", Action("exempt", "builds the documentation site: .ci/run runs it")),
     (r"^\.venv/bin/(tensorboard --logdir|mlflow ui) ", Action("exempt", "a web server that runs until stopped")),
     # training on the CPU
     (QUICK_START, Action("run", " ".join(SMALL), run_here(*SMALL))),

@@ -319,8 +319,9 @@ def test_plain_loaders_bind_nothing_and_bind_run_facts_binds_by_hand() -> None:
 
 
 def test_subclasses_with_their_own_training_step_and_optimizer_train_in_plain_lightning() -> None:
-    """The README's two subclasses in small: a training step of one's own (its extra term logged, validation
-    unchanged) and an optimizer and schedule of one's own (used as returned, norm parameters still undecayed)."""
+    """The two subclasses of docs/tutorials/own-project.md in small: a training step of one's own (its extra term
+    logged, validation unchanged) and an optimizer and schedule of one's own (used as returned, norm parameters
+    still undecayed)."""
     from bhyt_pl.optim import parameter_groups
 
     class ZLossLM(LlamaLM):

@@ -1,12 +1,12 @@
-"""Every ```python block of README.md and docs/*.md runs, so the documentation cannot drift from the code.
+"""Every ```python block of README.md and docs/**/*.md runs, so the documentation cannot drift from the code.
 
 Each block runs as its own script in a fresh interpreter, in one working folder shared by the blocks, with two
 documented changes (``SHORTEN``): every ``max_steps=N`` becomes ``max_steps=2``, so training examples take seconds,
 and every ``repeats=N`` becomes ``repeats=1``, so timing examples time once.
-The folder first gets what the README's examples read: ``runs/tiny-bhyt/version_0/checkpoints/last.ckpt``, the
-checkpoint of the README's ``fit --config recipes/tiny.yaml --model.norm bhyt`` (shortened the same way).
+The folder first gets what the examples read: ``runs/tiny-bhyt/version_0/checkpoints/last.ckpt``, the
+checkpoint of the documented ``fit --config recipes/tiny.yaml --model.norm bhyt`` (shortened the same way).
 A block added to the documents later is run by this test without an edit here; their shell commands are run or
-parsed by tests/test_documented_commands.py.
+parsed by tests/test_documented_commands.py, and tests/test_doc_blocks.py accounts for every block of every kind.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import pytest
 from bhyt_pl.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 SHORTEN = ((re.compile(r"\bmax_steps=\d+"), "max_steps=2"), (re.compile(r"\brepeats=\d+"), "repeats=1"))
 """The changes made to a block before it runs: training examples stop after two optimizer steps, timing examples
@@ -35,7 +35,7 @@ def readme_blocks() -> list[tuple[int, str]]:
 
 
 def python_blocks() -> list[tuple[str, int, str]]:
-    """``(document, line number, source)`` of every ```python block of README.md and docs/*.md."""
+    """``(document, line number, source)`` of every ```python block of README.md and docs/**/*.md."""
     blocks = []
     for path in DOCUMENTS:
         text = path.read_text()
@@ -62,13 +62,13 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def test_the_readme_has_python_blocks_and_the_shortening_reaches_every_training_example() -> None:
-    blocks = readme_blocks()
-    assert len(blocks) >= 5, "README.md lost its Python examples"
+def test_the_documents_have_python_blocks_and_the_shortening_reaches_every_training_example() -> None:
+    assert readme_blocks(), "README.md lost its example of the components in a script of one's own"
+    assert len(python_blocks()) >= 5, "README.md and docs/ lost their Python examples"
     assert shortened("L.Trainer(max_steps=30, x=1)") == "L.Trainer(max_steps=2, x=1)"
     assert shortened("interleaved(fns, repeats=9, warmup=1)") == "interleaved(fns, repeats=1, warmup=1)"
     assert any(path.startswith("docs/") for path, _, _ in python_blocks()), "docs/ lost its Python examples"
-    trainers = [source for _, source in blocks if "Trainer(" in source]
+    trainers = [source for _, _, source in python_blocks() if "Trainer(" in source]
     assert trainers and all("max_steps=" in source for source in trainers), "a Trainer the test cannot shorten"
 
 

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SKIP_DIRS = {".git", ".venv", ".cache", ".ruff_cache", ".pytest_cache", "__pycache__", "runs", "build"}
+SKIP_DIRS = {".git", ".venv", ".cache", ".ruff_cache", ".pytest_cache", "__pycache__", "runs", "build", "site"}
 TEXT_SUFFIXES = {".py", ".md", ".yaml", ".yml", ".toml", ".sh", ".txt", ".cfg", ".ini", ""}
 OUTSIDE = re.compile(r"\.\./shared|shared/spec|spec sections? \d", re.IGNORECASE)
 POINTER = re.compile(r"docs/method\.md,? sections? (\d+)(?:\s*(?:-|and)\s*(\d+))?")

@@ -190,14 +190,14 @@ def test_a_resume_spelling_out_the_default_norm_args_is_accepted(trained: Path, 
 
 
 OLD_RECIPE = ("--model.weight_decay", "0.1", "--model.warmup_ratio", "0.05")
-"""What the base recipes set before they left weight decay and warmup to the norm scheme, and the flags the README
-gives for resuming such a run when the resume check refuses it."""
+"""What the base recipes set before they left weight decay and warmup to the norm scheme, and the flags
+docs/how-to/resume.md gives for resuming such a run when the resume check refuses it."""
 
 
 def test_runs_trained_with_the_old_recipe_values_still_resume(tmp_path: Path) -> None:
     """The base recipes no longer set weight_decay 0.1 and warmup_ratio 0.05. A run of a scheme without training
     defaults recorded exactly LlamaLM's defaults and resumes as it is; an nGPT run trained with them is refused
-    (its scheme's defaults now apply), naming the settings, and resumes with the README's flags."""
+    (its scheme's defaults now apply), naming the settings, and resumes with the flags docs/how-to/resume.md gives."""
     quiet = ("--trainer.enable_progress_bar", "false")
     for norm in ("rmsnorm", "dyt"):
         runs = tmp_path / norm

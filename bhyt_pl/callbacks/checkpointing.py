@@ -24,7 +24,7 @@ Every save is atomic and agreed on (docs/checkpoints.md):
   naming the failing rank, and the previous checkpoint is intact. (Lightning's ``Trainer.save_checkpoint``
   ends with a barrier: a rank that raised before it left the others waiting for the process-group timeout.)
 
-Signals (README, "Stopping and resuming"):
+Signals (docs/how-to/resume.md, "Signals"):
 
 - SIGTERM: Lightning stops every rank after the same step (and after that step's validation, when one is
   due there); ``last`` is saved there; exit status 0.

@@ -1,5 +1,6 @@
 """The registry: the package's schemes found from their source, errors that name the field and the accepted
-values, name clashes, and what every packaged scheme ships with (a README row, a recipe overlay).
+values, name clashes, and what every packaged scheme ships with (a section of docs/reference/schemes.md and a line
+of the README's list linking to it, a recipe overlay).
 
 The per-scheme behaviour checks (float64 reference, KV cache, state dict, hparams round trip, optimizer groups,
 ...) are ``tests/scheme_checks.py``'s, run on every registered scheme by ``tests/norms/test_schemes.py``."""
@@ -43,10 +44,16 @@ def test_importing_the_package_registers_every_scheme_its_source_declares() -> N
 
 
 @pytest.mark.parametrize("norm", PACKAGED)
-def test_every_packaged_scheme_has_a_readme_row_and_a_recipe_overlay(norm: str) -> None:
-    """The README's scheme table documents it, and ``--config recipes/norms/<name>.yaml`` selects it."""
+def test_every_packaged_scheme_has_a_reference_section_a_readme_line_and_a_recipe_overlay(norm: str) -> None:
+    """docs/reference/schemes.md documents it (a section, where the site renders its signature), the README's list
+    links to that section, and ``--config recipes/norms/<name>.yaml`` selects it."""
+    reference = (ROOT / "docs" / "reference" / "schemes.md").read_text()
+    assert re.search(rf"^## {re.escape(norm)}\n", reference, flags=re.M), f"docs/reference/schemes.md: no `## {norm}`"
+    signature = f"<!-- generated: scheme-signature {norm} -->"
+    assert signature in reference, f"docs/reference/schemes.md: no {signature}"
     readme = (ROOT / "README.md").read_text()
-    assert re.search(rf"^\| `{re.escape(norm)}` \|", readme, flags=re.M), f"README.md: no row for `{norm}`"
+    link = rf"^- \[`{re.escape(norm)}`\]\(docs/reference/schemes\.md#{re.escape(norm)}\): "
+    assert re.search(link, readme, flags=re.M), f"README.md: no line linking `{norm}` to its section"
     overlay = ROOT / "recipes" / "norms" / f"{norm}.yaml"
     assert overlay.exists(), f"no recipe overlay {overlay.relative_to(ROOT)}"
     assert yaml.safe_load(overlay.read_text())["model"]["norm"] == norm

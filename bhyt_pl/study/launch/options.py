@@ -95,8 +95,8 @@ class LaunchOptions:
 def add_launcher_arguments(parser: argparse.ArgumentParser) -> None:
     """The launcher's options, in their own group of ``--help``."""
     g = parser.add_argument_group(
-        "launcher (where the runs train; cluster options follow submitit's AutoExecutor, see README 'The study on a "
-        "cluster')"
+        "launcher (where the runs train; cluster options follow submitit's AutoExecutor, see "
+        "docs/tutorials/depth-study.md, 'On GPUs and on a cluster')"
     )
     g.add_argument(
         "--launcher",
