@@ -48,7 +48,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 SHELL_FENCES = ("bash", "sh", "shell", "console")
-GENERATED = re.compile(r"^docs/depth_study/(.*/)?report\.md$")
+GENERATED = re.compile(r"^docs/(depth_study|token_budget)/(.*/)?report\.md$")
 """Reports ``study --report-from`` writes: they quote the command their ``results.json`` recorded, as it was typed."""
 
 
@@ -630,6 +630,18 @@ RULES: list[tuple[str, Action]] = [
         "tests/study/test_report_confirmation.py", parse_tool, {"DIR": "docs/depth_study"})),
     (r"study confirm --pilot runs/study-374m --launcher slurm ", Action(
         "parse", "the confirmation's parser (a pilot of the SLURM study)", parse_tool)),
+    # the token-budget map
+    (r"bhyt_pl study token-budget (--workers 2 --out docs/token_budget|--dry-run --workers 2)$", Action(
+        "parse", "study token-budget ... --dry-run --probe-steps 0 (about 80 minutes of training; the map runs small "
+        "in tests/study/test_cli_token_budget.py)", with_appended("--dry-run", "--probe-steps", "0"))),
+    (r"bhyt_pl study token-budget --config recipes/study/token-budget-374m\.yaml --dry-run$", Action(
+        "run", "as documented", run_here())),
+    (r"bhyt_pl study token-budget --config recipes/study/token-budget-374m\.yaml --partition ", Action(
+        "parse", "study token-budget ... --dry-run --probe-steps 0 (SLURM)",
+        with_appended("--dry-run", "--probe-steps", "0"))),
+    (r"bhyt_pl study --report-from docs/token_budget$", Action(
+        "parse", "the study's parser; the map's report is rebuilt from a copy of its record by "
+        "tests/study/test_documented_map.py", parse_tool)),
 ]  # fmt: skip
 """The one table: a pattern searched in the command as documented, and what its test does."""
 

@@ -101,6 +101,9 @@ def test_a_tiny_map_runs_reuses_its_runs_and_rebuilds_its_report(tmp_path: Path)
     assert math.isfinite(saved["effects"][0]["val_loss_difference"]["mean"])
     assert "## Validation loss against rmsnorm" in (out / "report.md").read_text()
     assert (out / "token_budget.png").is_file()
+    # the dry run replays the protocol on the finished runs: all 12 would be read back
+    text = dry_run_text(_setup(*TINY_MAP[1:], "--out", str(out)))
+    assert f"finished in {out} with the same settings, reused: 12" in text
     # the same command again trains nothing: every run is read back
     assert main([*TINY_MAP, "--out", str(out)]) == 0
     assert load(out).meta["runs_reused"] == 12

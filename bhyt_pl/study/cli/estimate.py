@@ -63,6 +63,7 @@ __all__ = [
     "max_extension_runs",
     "probe_pace",
     "quiet_lightning",
+    "read_back",
     "reusable_runs",
     "run_range",
     "study_cost",
@@ -162,7 +163,7 @@ def run_range(design: StudyDesign, matched_lrs: Sequence[float] | None = None) -
     return RunRange(selection, extensions, low, high)
 
 
-def _read_back(out: Path, spec: RunSpec) -> RunResult | None:
+def read_back(out: Path, spec: RunSpec) -> RunResult | None:
     """The finished run of ``spec`` in ``out``, under its label or its legacy one (read only: nothing renamed)."""
     found = finished_result(out, spec)
     if found is None and legacy_label(spec) != spec.label:
@@ -181,7 +182,7 @@ def reusable_runs(
     reused: list[str] = []
 
     def found(specs: Sequence[RunSpec]) -> list[RunResult]:
-        results = [r for r in (_read_back(out, s) for s in specs) if r is not None]
+        results = [r for r in (read_back(out, s) for s in specs) if r is not None]
         reused.extend(r.spec.label for r in results if r.spec.label not in reused)
         return results
 
@@ -349,7 +350,7 @@ def study_cost(setup: StudySetup) -> StudyCost:
     if design is None:
         specs = _specs_for_flops(setup)
         runs = RunRange(len(specs))
-        reused = [] if args.restart else [s.label for s in specs if _read_back(setup.out, s) is not None]
+        reused = [] if args.restart else [s.label for s in specs if read_back(setup.out, s) is not None]
         flops = [training_flops_per_token(_config(s), budget.seq_len) * tokens for s in specs]
         low = high = sum(flops)
     else:

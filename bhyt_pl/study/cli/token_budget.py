@@ -21,7 +21,7 @@ import argparse
 import math
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -42,12 +42,12 @@ from bhyt_pl.study.cli.run_arguments import (
 )
 from bhyt_pl.study.cli.setup import StudyOptions, loadavg_text
 from bhyt_pl.study.launch.execution import run_token_budget
-from bhyt_pl.study.launch.scheduler import Scheduler, finished_result
+from bhyt_pl.study.launch.scheduler import Scheduler
 from bhyt_pl.study.protocol.design import SchemeGroup, check_disjoint, parse_group, rate_key
-from bhyt_pl.study.protocol.plan import evaluation_seeds, selection_specs
+from bhyt_pl.study.protocol.plan import evaluation_specs, select, selection_specs
 from bhyt_pl.study.protocol.size import run_sizes
-from bhyt_pl.study.protocol.spec import RunResult, RunSpec, TrainerSettings, run_label
-from bhyt_pl.study.protocol.token_budget import BudgetDesign, TokenBudget, budget_base, token_budgets
+from bhyt_pl.study.protocol.spec import RunResult, RunSpec, TrainerSettings
+from bhyt_pl.study.protocol.token_budget import BudgetDesign, budget_base, token_budgets
 from bhyt_pl.study.record.results import StudyRecord
 from bhyt_pl.study.record.setup import RecordedSetup
 from bhyt_pl.study.report import token_budget as report
@@ -108,8 +108,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         nargs="*",
         default=None,
         metavar="GROUP=LR,LR,...",
-        help=f"a group's own grid instead of --lrs (default: {' '.join(d.scheme_lrs)}, for the groups among "
-        "--schemes)",
+        help=f"a group's own grid instead of --lrs (default: {' '.join(d.scheme_lrs)}, for the groups among --schemes)",
     )
     model.add_argument(
         "--select-through",
@@ -173,27 +172,42 @@ class BudgetSetup:
     def config(self) -> LlamaConfig:
         return LlamaConfig.from_name(self.base.preset, **self.base.overrides)
 
-    def specs(self, budget: TokenBudget) -> list[RunSpec]:
-        """The runs a budget always trains: its selection runs (none for an inheriting budget) and, at the grid's
-        first rate, its evaluation seeds (their rate is chosen later; the count and the steps are known now)."""
-        base = budget_base(self.base, budget)
+    def first_spec(self) -> RunSpec:
+        """The run the dry run's probe times: the first group's first selection run on the largest budget."""
         design = self.design
-        selection = [] if budget not in design.selected_budgets else [
-            spec for g in design.groups for spec in selection_specs(g, design.grids[g.label], base)
-        ]  # fmt: skip
-        evaluation = [
-            replace(
-                spec,
-                label=run_label(spec.candidate, spec.lr, spec.steps, i),
-                seed=base.seed + i,
-                data_seed=base.data_seed + i,
-                seed_index=i,
-            )
-            for g in design.groups
-            for spec in selection_specs(g, design.grids[g.label][:1], base)[:1]
-            for i in evaluation_seeds(design.n_seeds)
-        ]
-        return selection + evaluation
+        group = design.groups[0]
+        return selection_specs(group, design.grids[group.label], budget_base(self.base, design.budgets[-1]))[0]
+
+    def reusable_runs(self) -> list[str]:
+        """The labels of the runs the map would read back from ``out`` instead of training: its protocol replayed on
+        the finished runs as far as they carry it (a budget's evaluation runs count once its group's selection is
+        complete there or on its donor). Reads, never writes."""
+        design = self.design  # read, never filled: the selections replayed here are not the study's
+        reused: list[str] = []
+
+        def found(specs: Sequence[RunSpec]) -> list[RunResult]:
+            results = [r for r in (estimate.read_back(self.out, s) for s in specs) if r is not None]
+            reused.extend(r.spec.label for r in results)
+            return results
+
+        heirs = [b for b in design.budgets if b not in design.selected_budgets]
+        for budget in design.selected_budgets:
+            base = budget_base(self.base, budget)
+            for g in design.groups:
+                grid = design.grids[g.label]
+                specs = selection_specs(g, grid, base)
+                runs = found(specs)
+                while len(runs) == len(specs):
+                    step = select(g, runs, grid, design.extensions, base)
+                    if isinstance(step, RunSpec):
+                        specs = [*specs, step]
+                        runs += found([step])
+                        continue
+                    takers = [budget] + (heirs if budget == design.selected_budgets[-1] else [])
+                    for taker in takers:
+                        found(evaluation_specs(g, step, (), design.n_seeds, budget_base(self.base, taker)))
+                    break
+        return list(dict.fromkeys(reused))
 
     def meta(self) -> dict[str, object]:
         """The report's head: the command, the design's settings, the size of each budget's runs, the data, the
@@ -322,7 +336,7 @@ def dry_run_text(setup: BudgetSetup, probe: estimate.Probe | None = None, worker
     groups, seeds = len(design.groups), design.n_seeds
     header = "| T/P | steps | tokens | early step | runs | training FLOPs | GPU-hours | steps of all its runs |"
     lines += [header, "|" + "---|" * 8]
-    total_runs, total_flops, total_steps, reused = [0, 0], [0.0, 0.0], [0, 0], 0
+    total_runs, total_flops, total_steps = [0, 0], [0.0, 0.0], [0, 0]
     for b in design.budgets:
         grid = sum(len(design.grids[g.label]) for g in design.groups) if b in design.selected_budgets else 0
         extension = groups * design.extensions if grid else 0
@@ -338,7 +352,6 @@ def dry_run_text(setup: BudgetSetup, probe: estimate.Probe | None = None, worker
             total_runs[i] += v
             total_flops[i] += v * tokens * flops_per_token
             total_steps[i] += v * b.steps
-        reused += sum(finished_result(setup.out, spec) is not None for spec in setup.specs(b))
     hours = [estimate.gpu_hours(f, args.mfu, args.peak_tflops) for f in total_flops]
     lines += [
         "",
@@ -347,7 +360,8 @@ def dry_run_text(setup: BudgetSetup, probe: estimate.Probe | None = None, worker
         f"{seeds} evaluation seeds)",
         f"training FLOPs in total: {total_flops[0]:.3g} to {total_flops[1]:.3g}; GPU-hours at {args.mfu:.0%} MFU "
         f"of {args.peak_tflops:g} TFLOP/s: {hours[0]:.3g} to {hours[1]:.3g}",
-        f"finished in {setup.out} with the same settings (selection and the grid's first rate), reused: {reused}",
+        f"finished in {setup.out} with the same settings, reused: {len(setup.reusable_runs())}"
+        + (" (--restart retrains every run)" if args.restart else ""),
         f"parameters (bhyt_pl/model_size.py): {run_sizes([setup.base], 0, None)[0].text().split('; tokens')[0]}",
     ]
     if setup.settings.accelerator == "cpu":
@@ -370,8 +384,7 @@ def dry_run(setup: BudgetSetup, workers: int = 1) -> int:
     probe = None
     if setup.settings.accelerator == "cpu" and args.probe_steps > 0:
         threads = 1 if workers > 1 else args.threads
-        spec = setup.specs(setup.design.budgets[-1])[0]
-        probe = estimate.probe_pace(spec, setup.data, args.probe_steps, setup.settings.compile, threads)
+        probe = estimate.probe_pace(setup.first_spec(), setup.data, args.probe_steps, setup.settings.compile, threads)
     print(dry_run_text(setup, probe, workers))
     return 0
 

@@ -28,6 +28,7 @@ from bhyt_pl.study.report.exploration import meta_lines, partial_lines
 from bhyt_pl.study.report.figures import FigureGroup, depth_profile_figure, save_figure, trajectory_figure
 from bhyt_pl.study.report.markdown import Column, num, signed_ci, table
 from bhyt_pl.study.report.phases import DESCRIPTION as PHASES_DESCRIPTION
+from bhyt_pl.study.report.phases import READINGS as PHASES_READINGS
 from bhyt_pl.study.report.phases import phase_columns, phases_note
 
 if TYPE_CHECKING:
@@ -365,6 +366,8 @@ def write_report(out: Path, record: StudyRecord, figures: bool = True) -> dict[s
         "",
         PHASES_DESCRIPTION + " Numbered as the tests above; the depth tests only (the loss's step 0 is the "
         "untrained model's).",
+        "",
+        PHASES_READINGS,
         "",
         phases_note((t.planned.phase for t in evaluation.tests), "test"),
         "",

@@ -33,6 +33,7 @@ from bhyt_pl.study.report.figures import (
 )
 from bhyt_pl.study.report.markdown import markdown_table, num
 from bhyt_pl.study.report.phases import DESCRIPTION as PHASES_DESCRIPTION
+from bhyt_pl.study.report.phases import READINGS as PHASES_READINGS
 from bhyt_pl.study.report.phases import phases_note
 from bhyt_pl.study.report.tables import (
     GrowthRow,
@@ -344,6 +345,8 @@ def write_report(out: Path, record: StudyRecord, figures: bool = True) -> dict[s
         "",
         PHASES_DESCRIPTION + " Depth claims only: the loss claims' step 0 is the untrained model's loss, which no "
         "claim is about.",
+        "",
+        PHASES_READINGS,
         "",
         phases_note((c.spec.phase for c, _ in depth_tests(items)), "claim"),
         "",

@@ -13,7 +13,7 @@ from typing import TypeVar
 from bhyt_pl.study.protocol.metrics import END, PhaseDifferences
 from bhyt_pl.study.report.markdown import Column, signed_ci
 
-__all__ = ["DESCRIPTION", "phase_columns", "phases_note", "share_at_init"]
+__all__ = ["DESCRIPTION", "READINGS", "phase_columns", "phases_note", "share_at_init"]
 
 Row = TypeVar("Row")
 
@@ -22,15 +22,22 @@ DESCRIPTION = (
     "magnitude or variance, the difference of ln growth ratios for a growth): at initialisation (the step-0 "
     "trajectory point), at the end, and made by training (per seed, the end's difference minus step 0's); mean "
     "[95 % CI] each. Step 0 / end: the share of the end's mean already there at step 0 (where the end's interval "
-    'excludes 0). Reads (docs/method.md, section 10, "Three phases"): *present at initialisation* where step 0\'s '
-    "interval excludes 0 and the made-by-training one holds it, so the end effect cannot be told apart from the one "
-    "the runs started with (*unresolved at the end* added where the end's interval holds 0 too); *made by training* "
-    "where step 0's interval holds 0 and the made-by-training one excludes it; *grows* / *shrinks with training* "
-    "where both exclude 0 on the same / opposite sides (*reversed by training* where the end lies wholly on the other "
-    "side of 0 from step 0); *not resolved at step 0 nor by training* where both hold 0. Each interval is read alone "
-    "against 0, uncorrected."
+    "excludes 0)."
 )
 """What the phases table shows, for the paragraph above it."""
+
+READINGS = (
+    'The column *reads* (docs/method.md, section 10, "Three phases"); each interval is read alone against 0, '
+    "uncorrected:\n\n"
+    "- *present at initialisation*: step 0's interval excludes 0 and the made-by-training one holds it, so the end "
+    "effect cannot be told apart from the one the runs started with (*unresolved at the end* added where the end's "
+    "interval holds 0 too);\n"
+    "- *made by training*: step 0's interval holds 0 and the made-by-training one excludes it;\n"
+    "- *grows* / *shrinks with training*: both exclude 0 on the same / opposite sides (*reversed by training* where "
+    "the end lies wholly on the other side of 0 from step 0);\n"
+    "- *not resolved at step 0 nor by training*: both hold 0."
+)
+"""How the table's *reads* column is worded (``metrics.effect_origin``), as a list below the paragraph."""
 
 
 def share_at_init(p: PhaseDifferences) -> str:

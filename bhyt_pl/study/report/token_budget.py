@@ -434,7 +434,8 @@ def write_report(out: Path, record: StudyRecord, figures: bool = True) -> dict[s
         "## Depth claims: at initialisation, at the end, made by training",
         "",
         "Scheme minus reference per seed, on the metric's ln scale; *made by training* is the end minus step 0 "
-        "(docs/method.md, section 10). A difference present at step 0 is the scheme's construction, not what training made.",
+        "(docs/method.md, section 10). A difference present at step 0 is the scheme's construction, not what "
+        "training made.",
         "",
         _arms_table(effects) if effects else "No comparison yet.",
         "",
