@@ -423,6 +423,18 @@ def run_gpu_bench_dry_run(workspace: Workspace, argv: list[str], env: dict[str, 
         assert gpu.main(argv[3:]) == 0
 
 
+def parse_pip_install(workspace: Workspace, argv: list[str], env: dict[str, str]) -> None:
+    """``pip install -e .[EXTRA,...]``: the target is this checkout and every extra is declared in pyproject.toml."""
+    import tomllib
+
+    target = argv[argv.index("-e") + 1]
+    path, _, extras = target.partition("[")
+    assert path == ".", f"pip install -e {target!r}: not this checkout"
+    declared = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    named = {e for e in extras.rstrip("]").split(",") if e}
+    assert named <= declared, f"{target}: extras {sorted(named - declared)} are not among {sorted(declared)}"
+
+
 def parse_study(workspace: Workspace, argv: list[str], env: dict[str, str]) -> None:
     """``study ARGS`` resolved as a run would be (``bhyt_pl.study.cli.exploration.prepare``: options, config files, the
     budget, the schemes, the data), without the launcher's check for GPUs or SLURM's tools, and without a run."""
@@ -518,7 +530,11 @@ PLAN_ONLY = Action(
 RULES: list[tuple[str, Action]] = [
     # set-up, the suite, servers
     (r"^python3 -m venv \.venv$", Action("exempt", "creates the environment this suite runs in")),
-    (r"^\.venv/bin/pip install ", Action("exempt", "installs packages: the suite runs in an installed environment")),
+    (r"^\.venv/bin/pip install -e ", Action(
+        "parse", "every extra it names is one of pyproject.toml's (installing is the suite's own set-up)",
+        parse_pip_install)),
+    (r"^\.venv/bin/pip install (?!-e )", Action(
+        "exempt", "installs packages: the suite runs in an installed environment")),
     (r"^\.venv/bin/python -m pytest( |$)", Action("exempt", "the test suite itself")),
     (r"^\.venv/bin/ruff check ", Action("exempt", "the linter: .ci/run runs it beside this suite")),
     (r"^bash \.ci/run$", Action("exempt", "CI: installs a clean clone, lints, runs this suite")),
