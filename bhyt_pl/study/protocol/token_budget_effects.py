@@ -221,8 +221,8 @@ class Crossover:
 
     Args:
         estimate: T/P where the mean line crosses zero; None when it is flat or crosses outside the studied range.
-        low, high: the interval's ends in T/P within the studied range; None when the seeds' lines leave the sign
-            undecided over the whole range (no interval locates a crossing).
+        low, high: the interval's ends in T/P within the studied range; None when the seeds' 95 % interval excludes
+            zero over the whole range (every T/P studied has a decided sign, so no crossing lies inside it).
         open_low, open_high: the interval reaches that end of the studied range (the crossing may lie beyond it).
         slope: the mean line's slope (nats per unit of ln T/P).
         seeds: the seeds with a line (at least two budgets each).

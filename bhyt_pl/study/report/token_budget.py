@@ -197,7 +197,7 @@ def _crossover_lines(design: BudgetDesign, effects: Sequence[BudgetEffect]) -> l
         changes = sign_changes(present, [mine[r] for r in present])
         c = fits[g.label]
         interval_text = (
-            "the seeds leave the sign undecided over the whole range"
+            "none: the seeds' interval excludes 0 over the whole range"
             if c.low is None
             else f"[{_ratio_text(c.low)}{' or below' if c.open_low else ''}, "
             f"{_ratio_text(c.high)}{' or above' if c.open_high else ''}]"
@@ -374,7 +374,10 @@ def _rules_lines(design: BudgetDesign, meta: Mapping[str, object]) -> list[str]:
         f"minimum detectable difference is the true difference a two-sided paired t-test at 0.05 finds with "
         f"{POWER:.0%} power at the pairs it has and their SD (noncentral t).",
         "- Crossover: one least-squares line per seed through its differences against ln T/P; the fit is their mean "
-        "line, the interval every T/P in the range where the seeds' 95 % t-interval of the line covers 0.",
+        "line, the interval every T/P in the range where the seeds' 95 % t-interval of the line covers 0. *crosses*: "
+        "the mean line crosses 0 inside the range and the interval lies inside it; *crosses, not located*: it crosses "
+        "inside, but the interval reaches an end of the range, so the seeds establish neither where nor whether it "
+        "crosses; *no sign change*: the mean line keeps one sign over the range.",
         f"- Early point: {EARLY_FRACTION:.0%} of a run's steps, never before step {EARLY_MIN_STEP}; the saturation "
         "statistic is the fraction of a bounded site's arguments with |argument| > 2 (mean over sites and layers) on "
         f"the validation batches. Rule: early saturation >= {SATURATION_CUT:g} predicts a lower loss than the "
