@@ -112,3 +112,19 @@ def test_a_tiny_map_runs_reuses_its_runs_and_rebuilds_its_report(tmp_path: Path)
     (out / "report.md").unlink()
     report_from(out)
     assert (out / "report.md").read_text() == report
+
+
+def test_the_374m_recipe_resolves_to_its_budgets_on_a_cluster() -> None:
+    """llama-374m: P = 16 x (1024 x 64 x (2 x 16 + 2 x 4) + 3 x 1024 x 4096) = 243,269,632; T/P 20 at 32 x 1024 tokens a
+    step is 148,480 steps, 4.87B tokens; T/P 20 inherits its rate from T/P 6.3."""
+    from bhyt_pl.study.cli.config_file import expand_config_files
+
+    p = study_parser(TOKEN_BUDGET)
+    argv = expand_config_files(p, ["--config", "recipes/study/token-budget-374m.yaml"])
+    setup = setup_from(p.parse_args(argv), argv)
+    design = setup.design
+    assert setup.options.launcher == "slurm" and setup.settings.accelerator == "gpu"
+    assert [b.ratio for b in design.budgets] == [0.2, 0.63, 2.0, 6.3, 20.0]
+    assert design.budgets[-1].steps == 148_480 and design.budgets[-1].tokens(32 * 1024) == 4_865_392_640
+    assert design.select_through == 4 and design.donor(design.budgets[-1]) is design.budgets[3]
+    assert design.n_seeds == 3 and setup.val_batches == 32
