@@ -234,7 +234,7 @@ def test_the_reader_finds_every_kind_of_block() -> None:
     assert _fixed_fragments("error: 'x/y.ckpt' is an incomplete checkpoint: shard 3 of 4") == [
         "is an incomplete checkpoint: shard", "of"]  # fmt: skip
     quick_start = next(block for block in BLOCKS if block.path == "README.md" and block.language == "bash")
-    assert quick_start.text.startswith("python3 -m venv .venv && .venv/bin/pip install -e \".[dev]\" && ")
+    assert quick_start.text.startswith('python3 -m venv .venv && .venv/bin/pip install -e ".[dev]" && ')
 
 
 @pytest.mark.parametrize("block", BLOCKS, ids=[block.id for block in BLOCKS])

@@ -9,7 +9,7 @@ import pickle
 import pytest
 import torch
 
-from bhyt_pl.study.run.data import StudyData, fixed_batches, unigram_entropy
+from bhyt_pl.study.run.data import StudyData, fixed_batches, unigram_entropy, unigram_loss_recorder
 
 
 def test_study_data_makes_a_module_per_seed_and_travels_to_a_worker_whole() -> None:
@@ -52,6 +52,16 @@ def test_unigram_loss_by_hand() -> None:
     val = [{"input_ids": torch.tensor([[0, 0, 0]]), "labels": torch.tensor([[1, 3, -100]])}]
     expected = -(math.log(4 / 8) + math.log(1 / 8)) / 2
     assert unigram_entropy(source, val, train_batches=2, vocab_size=4) == pytest.approx(expected)
+
+
+def test_a_study_records_the_unigram_loss_of_its_fixed_batches_in_its_meta() -> None:
+    # all 3 training rows (fewer than 32 batches): token 1 three times, 2 once, 3 twice; add-one: total 6 + 4 = 10
+    source = _Source([[1, 1], [1, 2], [3, 3]])
+    val = [{"input_ids": torch.tensor([[0, 0, 0]]), "labels": torch.tensor([[1, 3, -100]])}]
+    meta: dict[str, object] = {}
+    seeds: list[int] = []
+    unigram_loss_recorder(meta, lambda seed: seeds.append(seed) or source, 43, vocab_size=4)(val)
+    assert seeds == [43] and meta["unigram_loss"] == round(-(math.log(4 / 10) + math.log(3 / 10)) / 2, 4)
 
 
 def test_fixed_batches_fall_back_to_training_batches_without_a_validation_split() -> None:

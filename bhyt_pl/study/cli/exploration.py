@@ -60,7 +60,7 @@ from bhyt_pl.study.protocol.spec import RunResult, RunSpec
 from bhyt_pl.study.record.results import StudyRecord
 from bhyt_pl.study.record.setup import RecordedSetup
 from bhyt_pl.study.report import exploration as report
-from bhyt_pl.study.run.data import Batch, unigram_entropy
+from bhyt_pl.study.run.data import unigram_loss_recorder
 from bhyt_pl.validation import raise_if_problems
 
 __all__ = [
@@ -404,10 +404,6 @@ class ExplorationKind(StudyKind):
         recorded = RecordedSetup(setup.data, budget.val_batches, setup.settings, roles)
         record = StudyRecord(self.name, meta, [], recorded, design)
 
-        def on_start(batches: list[Batch]) -> None:
-            unigram = unigram_entropy(setup.data(base.data_seed), batches, 32, setup.config.vocab_size)
-            meta["unigram_loss"] = round(unigram, 4)
-
         def execute(scheduler: Scheduler, on_result: OnResult) -> list[RunResult]:
             if design is None:
                 specs = sweep_specs(setup.groups, budget.depths, budget.lrs, budget.seeds, base)
@@ -421,7 +417,7 @@ class ExplorationKind(StudyKind):
             execute=execute,
             final=lambda: design is None or design.complete,
             dry_run=partial(estimate.dry_run, setup),
-            on_start=on_start,
+            on_start=unigram_loss_recorder(meta, setup.data, base.data_seed, setup.config.vocab_size),
         )
 
     def sections(self, record: StudyRecord) -> dict[str, object]:

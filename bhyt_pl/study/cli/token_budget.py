@@ -51,7 +51,7 @@ from bhyt_pl.study.protocol.token_budget import BudgetDesign, budget_base, token
 from bhyt_pl.study.record.results import StudyRecord
 from bhyt_pl.study.record.setup import RecordedSetup
 from bhyt_pl.study.report import token_budget as report
-from bhyt_pl.study.run.data import Batch, StudyData, unigram_entropy
+from bhyt_pl.study.run.data import StudyData, unigram_loss_recorder
 from bhyt_pl.validation import raise_if_problems
 
 __all__ = ["DEFAULTS", "TOKEN_BUDGET", "BudgetSetup", "TokenBudgetKind", "TokenBudgetDefaults"]
@@ -416,10 +416,6 @@ class TokenBudgetKind(StudyKind):
         recorded = RecordedSetup(setup.data, setup.val_batches, setup.settings, {})
         record = StudyRecord(self.name, meta, [], recorded, budgets=setup.design)
 
-        def on_start(batches: list[Batch]) -> None:
-            unigram = unigram_entropy(setup.data(setup.base.data_seed), batches, 32, setup.config.vocab_size)
-            meta["unigram_loss"] = round(unigram, 4)
-
         def execute(scheduler: Scheduler, on_result: OnResult) -> list[RunResult]:
             return run_token_budget(setup.design, setup.base, scheduler, on_result)
 
@@ -433,7 +429,7 @@ class TokenBudgetKind(StudyKind):
                 and all(len(by) == len(setup.design.groups) for by in setup.design.selections.values())
             ),
             dry_run=lambda workers: dry_run(setup, workers),
-            on_start=on_start,
+            on_start=unigram_loss_recorder(meta, setup.data, setup.base.data_seed, setup.config.vocab_size),
             noun="token-budget map",
         )
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -14,7 +15,7 @@ import torch
 if TYPE_CHECKING:
     from bhyt_pl.data import C4DataModule
 
-__all__ = ["StudyData", "fixed_batches", "unigram_entropy"]
+__all__ = ["StudyData", "fixed_batches", "unigram_entropy", "unigram_loss_recorder"]
 
 log = logging.getLogger(__name__)
 
@@ -101,3 +102,15 @@ def unigram_entropy(datamodule: C4DataModule, val_batches: list[Batch], train_ba
         nll += sum(-math.log((counts.get(t, 0) + 1) / total) for t in labels)
         n += len(labels)
     return nll / max(n, 1)
+
+
+def unigram_loss_recorder(
+    meta: dict[str, object], data: StudyData, data_seed: int, vocab_size: int
+) -> Callable[[list[Batch]], None]:
+    """A study's ``on_start``: the unigram loss of its fixed validation batches (``unigram_entropy`` over 32 training
+    batches of ``data_seed``'s order), into ``meta["unigram_loss"]``, the scale its report sets losses beside."""
+
+    def record(batches: list[Batch]) -> None:
+        meta["unigram_loss"] = round(unigram_entropy(data(data_seed), batches, 32, vocab_size), 4)
+
+    return record
