@@ -78,7 +78,7 @@ DEFAULTS = TokenBudgetDefaults()
 """DyT's grid sits lower: in the depth study its best rate was the lowest tried (3.3e-4), where it barely trained.
 Four evaluation seeds: at the paired SD of the validation-loss difference BHyT - RMSNorm the confirmation measured
 (0.165 nats, 13 pairs) a paired t-test detects 0.35 nats at 80 % power with 4 pairs (3: 0.54; 5: 0.28), and 4 is
-what fits 90 minutes on 2 CPU cores with selection at every budget (docs/token_budget.md)."""
+what fits 90 minutes on 2 CPU cores with selection at every budget (docs/method.md, section 11)."""
 
 COMPILE_DEFAULT = True
 
