@@ -23,9 +23,12 @@ def test_one_ctrl_c_during_an_in_process_fit_ends_the_session(tmp_path: Path, mo
     the test failed, the next one ran, and the suite carried on until SIGTERM."""
     env = clean_env() | {"CTRL_C_SUITE_DIR": str(tmp_path), "CTRL_C_SUITE_MODE": mode}
     suite = ROOT / "tests" / "distributed_jobs" / "ctrl_c_suite.py"
+    # Ctrl-C reaches a terminal's foreground job with SIGINT at its default; a suite started in the background by a
+    # non-interactive shell (nohup, `cmd &`) inherits SIGINT ignored, and the session would never see the key
     proc = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(suite)], cwd=ROOT, env=env,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     deadline = time.time() + 300
     while not (tmp_path / "training").exists() and proc.poll() is None and time.time() < deadline:

@@ -652,9 +652,6 @@ RULES: list[tuple[str, Action]] = [
         "in tests/study/test_cli_token_budget.py)", with_appended("--dry-run", "--probe-steps", "0"))),
     (r"bhyt_pl study token-budget --config recipes/study/token-budget-374m\.yaml --dry-run$", Action(
         "run", "as documented", run_here())),
-    (r"bhyt_pl study token-budget --config recipes/study/token-budget-374m\.yaml --partition ", Action(
-        "parse", "study token-budget ... --dry-run --probe-steps 0 (SLURM)",
-        with_appended("--dry-run", "--probe-steps", "0"))),
     (r"bhyt_pl study --report-from docs/token_budget$", Action(
         "parse", "the study's parser; the map's report is rebuilt from a copy of its record by "
         "tests/study/test_documented_map.py", parse_tool)),
