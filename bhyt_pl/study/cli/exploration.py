@@ -43,6 +43,7 @@ from bhyt_pl.study.cli.arguments import StudyArgumentParser
 from bhyt_pl.study.cli.config_file import expand_config_files
 from bhyt_pl.study.cli.kinds import OnResult, PreparedStudy, StudyKind, register_kind, study_parser
 from bhyt_pl.study.cli.run_arguments import (
+    COMPILE_DEFAULT,
     add_data_arguments,
     add_hardware_arguments,
     add_schedule_arguments,
@@ -136,11 +137,6 @@ QUICK = Budget("deep-32x128", 8, 40, 64, 8, 4, (3e-3, 1e-2), 2, 10, extensions=0
 # lr 1e-2 trains and 1e-1 diverges for most schemes within 40 steps (docs/depth_study.md): the grids straddle it
 SWEEP = Budget("deep-32x128", None, 100, 64, 8, 2, (1e-2, 3e-2, 1e-1), 1, 0, depths=(8, 16, 32, 64))
 SWEEP_QUICK = Budget("deep-32x128", None, 40, 64, 4, 1, (1e-2, 1e-1, 1.0), 1, 0, depths=(4, 16))
-
-
-COMPILE_DEFAULT = True
-"""Study runs compile each block unless ``--no-compile``: a default run (180 steps) took 0.74x the eager run's
-wall time on 2 CPU cores, the first compile included (docs/performance.md, "Study run")."""
 
 
 class _Removed(argparse.Action):

@@ -80,8 +80,6 @@ Four evaluation seeds: at the paired SD of the validation-loss difference BHyT -
 (0.165 nats, 13 pairs) a paired t-test detects 0.35 nats at 80 % power with 4 pairs (3: 0.54; 5: 0.28), and 4 is
 what fits 90 minutes on 2 CPU cores with selection at every budget (docs/method.md, section 11)."""
 
-COMPILE_DEFAULT = True
-
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     d = DEFAULTS
@@ -123,7 +121,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     )
     add_schedule_arguments(model)
     add_data_arguments(p, d.seq_len, d.batch_size, d.val_batches)
-    add_hardware_arguments(p, compile_default=COMPILE_DEFAULT)
+    add_hardware_arguments(p)
     estimate.add_arguments(p)
 
 
@@ -362,7 +360,7 @@ def dry_run_text(setup: BudgetSetup, probe: estimate.Probe | None = None, worker
         f"of {args.peak_tflops:g} TFLOP/s: {hours[0]:.3g} to {hours[1]:.3g}",
         f"finished in {setup.out} with the same settings, reused: {len(setup.reusable_runs())}"
         + (" (--restart retrains every run)" if args.restart else ""),
-        f"parameters (bhyt_pl/model_size.py): {run_sizes([setup.base], 0, None)[0].text().split('; tokens')[0]}",
+        f"parameters (bhyt_pl/model_size.py): {run_sizes([setup.base], 0, None)[0].counts_text()}",
     ]
     if setup.settings.accelerator == "cpu":
         if probe is None:

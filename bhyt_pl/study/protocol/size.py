@@ -95,8 +95,9 @@ class RunSize:
             int(corpus) if corpus is not None else None,
         )
 
-    def text(self) -> str:
-        """One line: the counts, T/P and, past one pass over the data, the tokens seen, unique tokens and epochs."""
+    def counts_text(self) -> str:
+        """The parameter counts alone: P, everything (a range when the schemes' norm parameters differ), the
+        embedding."""
         totals = sorted(set(self.total_params.values()))
         if not totals:
             everything = ""
@@ -104,9 +105,14 @@ class RunSize:
             everything = f", {_count(totals[0])} in all"
         else:
             everything = f", {_count(totals[0])} to {_count(totals[-1])} in all (the schemes' norm parameters differ)"
+        return (
+            f"{_count(self.block_params)} in block matrices (P){everything}, {_count(self.embedding_params)} embedding"
+        )
+
+    def text(self) -> str:
+        """One line: the counts, T/P and, past one pass over the data, the tokens seen, unique tokens and epochs."""
         line = (
-            f"{_count(self.block_params)} in block matrices (P){everything}, "
-            f"{_count(self.embedding_params)} embedding; tokens per run {_count(self.tokens)} = "
+            f"{self.counts_text()}; tokens per run {_count(self.tokens)} = "
             f"{self.tokens_per_param:.3g} tokens per parameter (T/P)"
         )
         passes = self.epochs
